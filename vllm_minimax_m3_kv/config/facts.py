@@ -1,0 +1,132 @@
+"""Facts for :func:`~vllm_minimax_m3_kv.config.indexer_precision.decide`.
+
+Two sources, one shape: the live platform (what vLLM itself detects, used by
+the config hook) and a named target (what ``check`` judges on a machine without
+that GPU). Everything past the platform comes from the same vLLM config
+objects in both cases, through :func:`precision_facts`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm_minimax_m3_kv.config.indexer_precision import (
+    PlatformFacts,
+    PrecisionFacts,
+    SparseShape,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import AttentionConfig, ModelConfig, ParallelConfig
+
+MINIMAX_M3_ARCHITECTURES = (
+    "MiniMaxM3SparseForConditionalGeneration",
+    "MiniMaxM3SparseForCausalLM",
+    "MiniMaxM3MTP",
+)
+
+# Hardware the offline check can judge. AITER flags come from the environment.
+_TARGETS: dict[str, dict[str, Any]] = {
+    "mi355x": {"name": "ROCm gfx950 (MI355X)", "vendor": "rocm", "rocm_gfx950": True},
+    "mi325x": {"name": "ROCm gfx942 (MI325X)", "vendor": "rocm"},
+    "mi300x": {"name": "ROCm gfx942 (MI300X)", "vendor": "rocm"},
+    "b300": {
+        "name": "CUDA sm_103 (B300)",
+        "vendor": "cuda",
+        "cuda_supports_fp8": True,
+        "cuda_sm100_family": True,
+    },
+    "b200": {
+        "name": "CUDA sm_100 (B200)",
+        "vendor": "cuda",
+        "cuda_supports_fp8": True,
+        "cuda_sm100_family": True,
+    },
+    "h200": {"name": "CUDA sm_90 (H200)", "vendor": "cuda", "cuda_supports_fp8": True},
+}
+TARGETS = tuple(_TARGETS)
+
+
+def _rocm_env_flags() -> tuple[bool, bool]:
+    # vllm.envs parses these exactly as the ROCm platform does at startup.
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_ROCM_USE_AITER), bool(envs.VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT)
+
+
+def target_platform_facts(target: str) -> PlatformFacts:
+    """Facts for a named GPU, with AITER flags read from this environment."""
+    known = _TARGETS[target]
+    aiter, shuffle = _rocm_env_flags() if known["vendor"] == "rocm" else (False, False)
+    return PlatformFacts(**known, aiter_enabled=aiter, shuffle_kv_cache_layout=shuffle)
+
+
+def live_platform_facts() -> PlatformFacts:
+    """Facts for the platform vLLM detected in this process."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        from vllm._aiter_ops import rocm_aiter_ops
+        from vllm.platforms import rocm
+
+        arch = getattr(rocm, "_GCN_ARCH", "") or "unknown arch"
+        return PlatformFacts(
+            name=f"ROCm {arch}",
+            vendor="rocm",
+            rocm_gfx950=rocm.on_gfx950(),
+            aiter_enabled=rocm_aiter_ops.is_enabled(),
+            shuffle_kv_cache_layout=rocm_aiter_ops.is_shuffle_kv_cache_enabled(),
+        )
+    if current_platform.is_cuda():
+        capability = current_platform.get_device_capability()
+        name = f"CUDA sm_{capability.to_int()}" if capability else "CUDA"
+        return PlatformFacts(
+            name=name,
+            vendor="cuda",
+            cuda_supports_fp8=current_platform.supports_fp8(),
+            cuda_sm100_family=current_platform.is_device_capability_family(100),
+        )
+    return PlatformFacts(
+        name=f"platform {current_platform.device_type!r}", vendor="other"
+    )
+
+
+def is_minimax_m3(model_config: ModelConfig | None) -> bool:
+    return (
+        model_config is not None
+        and getattr(model_config, "architecture", None) in MINIMAX_M3_ARCHITECTURES
+    )
+
+
+def sparse_shape(model_config: ModelConfig) -> SparseShape | None:
+    """The checkpoint's sparse-attention shape, or None for a dense config."""
+    text_config = model_config.hf_text_config
+    sparse = getattr(text_config, "sparse_attention_config", None)
+    if not sparse or not sparse.get("use_sparse_attention", True):
+        return None
+    return SparseShape(
+        topk_blocks=int(sparse["sparse_topk_blocks"]),
+        sparse_block_size=int(sparse["sparse_block_size"]),
+        index_head_dim=int(sparse["sparse_index_dim"]),
+        score_type=str(sparse.get("sparse_score_type", "max")),
+    )
+
+
+def precision_facts(
+    platform: PlatformFacts,
+    *,
+    model_config: ModelConfig,
+    kv_cache_dtype: str,
+    attention_config: AttentionConfig,
+    parallel_config: ParallelConfig,
+    shape: SparseShape,
+) -> PrecisionFacts:
+    return PrecisionFacts(
+        platform=platform,
+        kv_cache_dtype=str(kv_cache_dtype),
+        indexer_kv_dtype=str(attention_config.indexer_kv_dtype),
+        max_model_len=int(model_config.max_model_len),
+        shape=shape,
+        tensor_parallel_size=int(parallel_config.tensor_parallel_size),
+        indexer_cp=bool(attention_config.minimax_m3_indexer_cp),
+    )

@@ -1,0 +1,1 @@
+"""Operator entry points (the offline ``check`` preflight)."""

@@ -1,0 +1,1 @@
+"""vLLM model-executor glue, named after the vLLM modules it touches."""

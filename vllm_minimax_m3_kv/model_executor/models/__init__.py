@@ -1,0 +1,1 @@
+"""MiniMax-M3 model-side hooks: config hook and indexer cache spec."""

@@ -1,0 +1,80 @@
+"""MiniMax-M3 per-architecture config hook (vLLM's ``MODELS_CONFIG_MAP``).
+
+Runs once per engine, in ``VllmConfig.__post_init__``, before any worker
+exists: the resolved ``indexer_kv_dtype`` then reaches every TP/PP worker with
+the config. vLLM's own MiniMax-M3 hook (if any) runs first, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_minimax_m3_kv.config.facts import (
+    live_platform_facts,
+    precision_facts,
+    sparse_shape,
+)
+from vllm_minimax_m3_kv.config.indexer_precision import Outcome, Verdict, decide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.model_executor.models.config import VerifyAndUpdateConfig
+
+
+class IndexerPrecisionError(ValueError):
+    """A MiniMax-M3 KV precision mismatch no default can resolve."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.message)
+        self.verdict = verdict
+
+
+def live_verdict(vllm_config: VllmConfig) -> Verdict | None:
+    """The policy's verdict for this engine config, on this process's platform."""
+    model_config = vllm_config.model_config
+    shape = sparse_shape(model_config) if model_config is not None else None
+    if shape is None:
+        return None
+    facts = precision_facts(
+        live_platform_facts(),
+        model_config=model_config,
+        kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+        attention_config=vllm_config.attention_config,
+        parallel_config=vllm_config.parallel_config,
+        shape=shape,
+    )
+    return decide(facts)
+
+
+def apply_indexer_precision(vllm_config: VllmConfig) -> None:
+    """Resolve ``auto`` to fp8 where it makes the pool uniform, else raise."""
+    from vllm.logger import init_logger
+
+    verdict = live_verdict(vllm_config)
+    if verdict is None or verdict.outcome in (Outcome.UNCHANGED, Outcome.UNIFORM):
+        return
+    if verdict.outcome is Outcome.ERROR:
+        raise IndexerPrecisionError(verdict)
+    vllm_config.attention_config.indexer_kv_dtype = verdict.indexer_kv_dtype
+    init_logger(__name__).info_once(
+        "MiniMax-M3 indexer_kv_dtype=%s (%s).", verdict.indexer_kv_dtype, verdict.reason
+    )
+
+
+def make_config_hook(
+    stock: type[VerifyAndUpdateConfig] | None,
+) -> type[VerifyAndUpdateConfig]:
+    """A hook class that runs vLLM's own entry (if any), then ours."""
+    from vllm.model_executor.models.config import VerifyAndUpdateConfig
+
+    base = stock or VerifyAndUpdateConfig
+
+    class MiniMaxM3IndexerPrecisionConfig(base):  # type: ignore[valid-type,misc]
+        stock_hook = stock
+
+        @staticmethod
+        def verify_and_update_config(vllm_config: VllmConfig) -> None:
+            base.verify_and_update_config(vllm_config)
+            apply_indexer_precision(vllm_config)
+
+    return MiniMaxM3IndexerPrecisionConfig
