@@ -9,7 +9,7 @@ so an unfamiliar vLLM gets one warning and stock behaviour, never half a patch.
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -40,10 +40,11 @@ class Patch:
 
 def _vllm_file(module: str) -> Path | None:
     """Where a vLLM module's source lives, found without importing it."""
-    spec = sys.modules.get("vllm")
-    root = Path(spec.__file__).parent if spec and spec.__file__ else None
-    if root is None:
+    # find_spec of the top-level package locates it without importing it.
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
         return None
+    root = Path(next(iter(spec.submodule_search_locations)))
     path = root.joinpath(*module.split(".")[1:]).with_suffix(".py")
     return path if path.is_file() else None
 

@@ -1,0 +1,127 @@
+"""Plugin load: registry contents, idempotence, cost, version guard.
+
+Each check runs in a fresh interpreter, since vLLM loads plugins once per
+process and the point is what loading does to a clean one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import REPO
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> dict:
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_patch_is_declared_and_recognised():
+    from vllm_minimax_m3_kv import patches
+
+    assert patches.unsupported_reasons() == []
+    for patch in patches.PATCHES:
+        for field in ("why", "how", "upstream", "remove_when"):
+            assert len(getattr(patch, field)) > 40, (patch.name, field)
+        assert patch.detect() is None, patch.name
+
+
+def test_load_twice_is_cheap_idempotent_and_imports_no_model_code():
+    result = run_python(
+        """
+        import json, sys, time
+        import vllm.plugins, vllm.model_executor.models.config as c
+        stock = c.MODELS_CONFIG_MAP["MiniMaxM3SparseForConditionalGeneration"]
+        start = time.perf_counter()
+        vllm.plugins.load_general_plugins()
+        elapsed = time.perf_counter() - start
+        import vllm_minimax_m3_kv
+        first = dict(c.MODELS_CONFIG_MAP)
+        vllm_minimax_m3_kv.register()
+        vllm_minimax_m3_kv.register()
+        hook = c.MODELS_CONFIG_MAP["MiniMaxM3SparseForConditionalGeneration"]
+        import torch
+        print(json.dumps({
+            "seconds": elapsed,
+            "same_after_reload": first == dict(c.MODELS_CONFIG_MAP),
+            "wraps_stock": hook.stock_hook is stock,
+            "hooked": sorted(a for a, h in c.MODELS_CONFIG_MAP.items()
+                             if hasattr(h, "stock_hook")),
+            "model_modules": sorted(m for m in sys.modules
+                                    if m.startswith("vllm.models.minimax_m3")),
+            "cuda_initialized": torch.cuda.is_initialized(),
+        }))
+        """
+    )
+    assert result["same_after_reload"]
+    assert result["wraps_stock"]
+    assert result["hooked"] == [
+        "MiniMaxM3MTP",
+        "MiniMaxM3SparseForCausalLM",
+        "MiniMaxM3SparseForConditionalGeneration",
+    ]
+    assert result["model_modules"] == []
+    assert result["cuda_initialized"] is False
+    assert result["seconds"] < 2.0  # the benchmark measures it properly
+
+
+def test_indexer_patch_applies_when_the_model_module_is_imported():
+    result = run_python(
+        """
+        import json
+        import vllm_minimax_m3_kv
+        vllm_minimax_m3_kv.register()
+        from vllm.models.minimax_m3.common import indexer
+        cache = indexer.MiniMaxM3IndexerCache
+        vllm_minimax_m3_kv.register()
+        print(json.dumps({
+            "spec": hasattr(cache.get_kv_cache_spec, "__wrapped__"),
+            "bind": hasattr(cache.bind_kv_cache, "__wrapped__"),
+            "single": not hasattr(cache.get_kv_cache_spec.__wrapped__, "__wrapped__"),
+        }))
+        """
+    )
+    assert result == {"spec": True, "bind": True, "single": True}
+
+
+def test_unsupported_vllm_logs_one_warning_and_changes_nothing():
+    result = run_python(
+        """
+        import json, logging
+        from importlib import metadata
+        real = metadata.version
+        metadata.version = lambda name: "0.34.1" if name == "vllm" else real(name)
+        import vllm.model_executor.models.config as c
+        before = dict(c.MODELS_CONFIG_MAP)
+        records = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append(record)
+        logging.getLogger("vllm_minimax_m3_kv").addHandler(Keep())
+        import vllm_minimax_m3_kv
+        vllm_minimax_m3_kv.register()
+        vllm_minimax_m3_kv.register()
+        print(json.dumps({
+            "unchanged": before == dict(c.MODELS_CONFIG_MAP),
+            "warnings": [r.getMessage() for r in records
+                         if r.levelno == logging.WARNING],
+        }))
+        """
+    )
+    assert result["unchanged"]
+    assert len(result["warnings"]) == 1
+    assert "0.34.1" in result["warnings"][0]
+    assert "pip install 'vllm>=0.33,<0.34'" in result["warnings"][0]
