@@ -17,7 +17,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
 )
 
 if TYPE_CHECKING:
-    from vllm.config import AttentionConfig, ModelConfig, ParallelConfig
+    from vllm.config import AttentionConfig, ModelConfig
 
 MINIMAX_M3_ARCHITECTURES = (
     "MiniMaxM3SparseForConditionalGeneration",
@@ -118,7 +118,7 @@ def precision_facts(
     model_config: ModelConfig,
     kv_cache_dtype: str,
     attention_config: AttentionConfig,
-    parallel_config: ParallelConfig,
+    tensor_parallel_size: int,
     shape: SparseShape,
 ) -> PrecisionFacts:
     return PrecisionFacts(
@@ -127,6 +127,6 @@ def precision_facts(
         indexer_kv_dtype=str(attention_config.indexer_kv_dtype),
         max_model_len=int(model_config.max_model_len),
         shape=shape,
-        tensor_parallel_size=int(parallel_config.tensor_parallel_size),
+        tensor_parallel_size=int(tensor_parallel_size),
         indexer_cp=bool(attention_config.minimax_m3_indexer_cp),
     )

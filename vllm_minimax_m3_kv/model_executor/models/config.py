@@ -40,7 +40,7 @@ def live_verdict(vllm_config: VllmConfig) -> Verdict | None:
         model_config=model_config,
         kv_cache_dtype=vllm_config.cache_config.cache_dtype,
         attention_config=vllm_config.attention_config,
-        parallel_config=vllm_config.parallel_config,
+        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
         shape=shape,
     )
     return decide(facts)

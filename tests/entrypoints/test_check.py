@@ -1,0 +1,186 @@
+"""``vllm-minimax-m3-kv check``: output, exit codes, and agreement with the
+live plugin on the same hardware."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
+TINY = "tests/data/minimax_m3_tiny"
+
+
+def run_checks(cases: list[dict]) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cases_file, out_file = Path(tmp, "cases.json"), Path(tmp, "out.json")
+        cases_file.write_text(json.dumps(cases))
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("VLLM_ROCM_") and k != "VLLM_TARGET_DEVICE"
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.sim.check_batch", cases_file, out_file],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(out_file.read_text())
+
+
+@pytest.fixture(scope="module")
+def basic():
+    return run_checks(
+        [
+            {
+                "argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"],
+                "env": AITER_ON,
+            },
+            {"argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"]},
+            {
+                "argv": [
+                    "--target",
+                    "mi355x",
+                    "--attention-config",
+                    '{"indexer_kv_dtype": "fp8"}',
+                    "--kv-cache-dtype",
+                    "fp8",
+                    "-tp",
+                    "1",
+                ],
+                "env": AITER_ON,
+            },
+            {"argv": ["--target", "nosuch"]},
+            {"argv": ["--target", "mi355x", "--no-such-flag"]},
+            {"argv": ["--target", "mi355x", "tests/data/llama_tiny"]},
+        ]
+    )
+
+
+def test_mi355x_recipe_passes_with_bundled_config(basic):
+    result = basic[0]
+    assert result["exit"] == 0
+    plan = result["plan"]
+    assert plan["architecture"] == "MiniMaxM3SparseForConditionalGeneration"
+    assert plan["indexer_kv_dtype"] == "fp8" and plan["indexer_inherited"]
+    assert plan["uniform_precision"] and plan["kv_block_zeroer"] == "not built"
+    # Full 60-layer model, 1 KV head per rank: 15,360 + 7,296 vs 15,360 + 14,592.
+    assert (plan["bytes_per_token_total"], plan["stock_bytes_per_token_total"]) == (
+        22656,
+        29952,
+    )
+    assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
+
+
+def test_public_mi355x_recipe_fails_with_the_fix(basic):
+    result = basic[1]
+    assert result["exit"] == 2
+    assert (
+        "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1"
+        in result["plan"]["message"]
+    )
+    assert result["plan"]["kv_block_zeroer"] == "built"
+
+
+def test_json_attention_config_is_parsed_like_vllm_serve(basic):
+    plan = basic[2]["plan"]
+    assert basic[2]["exit"] == 0
+    assert plan["indexer_kv_dtype"] == "fp8" and not plan["indexer_inherited"]
+    assert plan["token_capacity_vs_stock"] == pytest.approx(1.0)  # explicit fp8 both
+
+
+def test_usage_errors_exit_1(basic):
+    assert [r["exit"] for r in basic[3:]] == [1, 1, 1]
+    assert "not a sparse MiniMax-M3" in basic[5]["stderr"]
+
+
+# -- the check's verdict equals the live plugin's on the same hardware ----------
+
+KV = ["auto", "fp8", "fp8_e5m2"]
+INDEXER = ["auto", "bf16", "fp8"]
+ENVS = {"aiter": AITER_ON, "plain": {}}
+MATRIX = [
+    (target, kv, indexer, env_name)
+    for target in ("mi355x", "mi300x", "b300")
+    for kv, indexer in itertools.product(KV, INDEXER)
+    for env_name in (("aiter", "plain") if target != "b300" else ("plain",))
+]
+
+
+def _live_outcome(result: dict) -> tuple[str, str | None]:
+    error = result.get("config_error")
+    if error:
+        assert error["from_plugin"], error
+        return "error", None
+    # vLLM runs MiniMax-M3's "auto" indexer as bf16; check prints that.
+    return "ok", {"auto": "bf16"}.get(
+        result["indexer_kv_dtype"], result["indexer_kv_dtype"]
+    )
+
+
+def _check_outcome(result: dict) -> tuple[str, str | None]:
+    plan = result["plan"]
+    if plan["outcome"] == "error":
+        return "error", None
+    requested = plan["indexer_kv_dtype"]
+    return "ok", "fp8" if plan["indexer_inherited"] else requested
+
+
+@pytest.mark.parametrize("target", ["mi355x", "mi300x", "b300"])
+def test_check_agrees_with_live_plugin(target, scenario_runner):
+    cells = [cell for cell in MATRIX if cell[0] == target]
+    live = {}
+    for env_name in {cell[3] for cell in cells}:
+        scenarios = [
+            {
+                "id": f"{kv}/{indexer}",
+                "env": ENVS[env_name],
+                "build": False,
+                "engine": {
+                    "kv_cache_dtype": kv,
+                    "max_model_len": 8192,
+                    "attention_config": {"indexer_kv_dtype": indexer},
+                },
+            }
+            for _, kv, indexer, e in cells
+            if e == env_name
+        ]
+        for key, result in scenario_runner(target, scenarios).items():
+            live[(key, env_name)] = _live_outcome(result)
+    checks = run_checks(
+        [
+            {
+                "argv": [
+                    "--target",
+                    target,
+                    TINY,
+                    "--max-model-len",
+                    "8192",
+                    "--kv-cache-dtype",
+                    kv,
+                    "--attention-config.indexer_kv_dtype",
+                    indexer,
+                ],
+                "env": ENVS[env_name],
+            }
+            for _, kv, indexer, env_name in cells
+        ]
+    )
+    offline = {
+        (f"{kv}/{indexer}", env_name): _check_outcome(result)
+        for (_, kv, indexer, env_name), result in zip(cells, checks, strict=True)
+    }
+    assert offline == live
+    assert {outcome for outcome, _ in live.values()} == {"ok", "error"}

@@ -1,0 +1,218 @@
+"""``vllm-minimax-m3-kv check``: will this MiniMax-M3 config start uniform?
+
+Takes the flags ``vllm serve`` takes (parsed by vLLM's own parser) plus
+``--target``, and answers on a machine without that GPU: the same facts and
+the same :func:`decide` the live config hook uses, with the target's hardware
+facts in place of the detected platform. Exit 0: starts uniform. Exit 2: the
+validator's error (cause and fix). Exit 1: this command's own usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from importlib import resources
+
+from vllm_minimax_m3_kv.config.facts import (
+    TARGETS,
+    is_minimax_m3,
+    precision_facts,
+    sparse_shape,
+    target_platform_facts,
+)
+from vllm_minimax_m3_kv.config.indexer_precision import (
+    STOCK_INDEXER_DEFAULT,
+    Outcome,
+    decide,
+)
+
+EXIT_OK, EXIT_USAGE, EXIT_NOT_UNIFORM = 0, 1, 2
+
+
+def bundled_model_path() -> str:
+    """A MiniMax-M3 config with the checkpoint's architecture values, no weights."""
+    return str(resources.files("vllm_minimax_m3_kv") / "data" / "minimax_m3")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    class CheckParser(FlexibleArgumentParser):
+        # argparse exits 2 on bad flags; 2 means "not uniform" here.
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise _UsageError(message)
+
+    parser = make_arg_parser(
+        CheckParser(
+            prog="vllm-minimax-m3-kv check",
+            description="Preflight a MiniMax-M3 `vllm serve` command for KV precision.",
+            usage="vllm-minimax-m3-kv check [model_tag] --target TARGET "
+            "[vllm serve flags]",
+        )
+    )
+    parser.add_argument(
+        "--target",
+        required=True,
+        choices=TARGETS,
+        help="GPU to judge for; VLLM_ROCM_* flags are read from the environment.",
+    )
+    parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+    return parser
+
+
+@dataclass(frozen=True)
+class Plan:
+    architecture: str
+    target: str
+    kv_cache_dtype: str
+    indexer_kv_dtype: str
+    indexer_inherited: bool
+    uniform_precision: bool
+    kv_block_zeroer: str
+    tensor_parallel_size: int
+    bytes_per_token_main: int
+    bytes_per_token_indexer: int
+    bytes_per_token_total: int
+    stock_bytes_per_token_total: int
+    token_capacity_vs_stock: float
+    outcome: str
+    message: str
+
+    def render(self) -> str:
+        rows = [
+            ("architecture", self.architecture),
+            ("target", self.target),
+            ("main KV dtype", self.kv_cache_dtype),
+            (
+                "indexer dtype",
+                self.indexer_kv_dtype
+                + (" (inherited from the KV cache)" if self.indexer_inherited else ""),
+            ),
+            ("uniform precision", "yes" if self.uniform_precision else "no"),
+            ("KV block zeroer", self.kv_block_zeroer),
+            (
+                f"bytes/token @TP{self.tensor_parallel_size}",
+                f"main {self.bytes_per_token_main:,} + indexer "
+                f"{self.bytes_per_token_indexer:,} = {self.bytes_per_token_total:,}",
+            ),
+            (
+                "token capacity vs stock",
+                f"{self.token_capacity_vs_stock:.2f}x "
+                f"(stock vLLM 0.33: {self.stock_bytes_per_token_total:,} bytes/token)",
+            ),
+        ]
+        width = max(len(name) for name, _ in rows)
+        lines = [f"{name:<{width}}  {value}" for name, value in rows]
+        if self.outcome == Outcome.ERROR.value:
+            lines += ["", self.message]
+        return "\n".join(lines)
+
+
+def plan_for(args: argparse.Namespace) -> Plan:
+    """Judge parsed ``vllm serve`` arguments for ``args.target``."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_minimax_m3_kv.config.kv_bytes import kv_bytes_per_token
+
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    if args.model == EngineArgs.model:  # no model given: the bundled config
+        args.model = bundled_model_path()
+        args.skip_tokenizer_init = True
+    engine_args = EngineArgs.from_cli_args(args)
+    try:
+        model_config = engine_args.create_model_config()
+    except Exception as error:  # unreadable model: this command's usage error
+        raise _UsageError(f"cannot read the model config: {error}") from error
+    shape = sparse_shape(model_config)
+    if not is_minimax_m3(model_config) or shape is None:
+        raise _UsageError(
+            f"{model_config.architecture} is not a sparse MiniMax-M3 "
+            "architecture; this check only judges MiniMax-M3."
+        )
+    platform = target_platform_facts(args.target)
+    kv_cache_dtype = str(engine_args.kv_cache_dtype)
+    facts = precision_facts(
+        platform,
+        model_config=model_config,
+        kv_cache_dtype=kv_cache_dtype,
+        attention_config=engine_args.attention_config,
+        tensor_parallel_size=engine_args.tensor_parallel_size,
+        shape=shape,
+    )
+    verdict = decide(facts)
+    resolved = verdict.indexer_kv_dtype
+    tp = engine_args.tensor_parallel_size
+    ours = kv_bytes_per_token(
+        model_config,
+        kv_cache_dtype=kv_cache_dtype,
+        indexer_kv_dtype=resolved,
+        tensor_parallel_size=tp,
+    )
+    requested = facts.indexer_kv_dtype
+    stock = kv_bytes_per_token(
+        model_config,
+        kv_cache_dtype=kv_cache_dtype,
+        indexer_kv_dtype=STOCK_INDEXER_DEFAULT if requested == "auto" else requested,
+        tensor_parallel_size=tp,
+    )
+    if verdict.outcome is Outcome.UNCHANGED:
+        # fp8 on neither side: uniform exactly when both caches are 16-bit bf16.
+        uniform = (ours.main, ours.indexer) == (stock.main, stock.indexer) and (
+            kv_cache_dtype in ("auto", "bfloat16")
+            and str(model_config.dtype) == "torch.bfloat16"
+        )
+    else:
+        uniform = verdict.uniform
+    return Plan(
+        architecture=model_config.architecture,
+        target=f"{args.target} ({platform.name})",
+        kv_cache_dtype=kv_cache_dtype,
+        indexer_kv_dtype=resolved if resolved != "auto" else STOCK_INDEXER_DEFAULT,
+        indexer_inherited=verdict.outcome is Outcome.INHERITED,
+        uniform_precision=uniform,
+        kv_block_zeroer="not built" if uniform else "built",
+        tensor_parallel_size=tp,
+        bytes_per_token_main=ours.main,
+        bytes_per_token_indexer=ours.indexer,
+        bytes_per_token_total=ours.total,
+        stock_bytes_per_token_total=stock.total,
+        token_capacity_vs_stock=round(stock.total / ours.total, 4),
+        outcome=verdict.outcome.value,
+        message=verdict.message,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The verdict is for --target, never for this machine: vLLM's CPU platform
+    # lets its serve parser build anywhere, GPU or not, and the same way.
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    if argv[:1] == ["check"]:
+        argv = argv[1:]
+    try:
+        args = build_parser().parse_args(argv)
+        plan = plan_for(args)
+    except _UsageError as error:
+        print(f"vllm-minimax-m3-kv check: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(asdict(plan), indent=2))
+    else:
+        print(plan.render())
+    if plan.outcome == Outcome.ERROR.value:
+        return EXIT_NOT_UNIFORM
+    return EXIT_OK if plan.uniform_precision else EXIT_NOT_UNIFORM
+
+
+def entry() -> None:
+    """Console script: ``vllm-minimax-m3-kv [check] ...``."""
+    sys.exit(main())
