@@ -21,6 +21,16 @@ REPO = Path(__file__).parents[1]
 _cache: dict[str, dict[str, dict[str, Any]]] = {}
 
 
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without the variables a test must set explicitly."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("VLLM_ROCM_") and key != "VLLM_TARGET_DEVICE"
+    }
+    return {**env, **(extra or {})}
+
+
 def run_scenarios(
     platform: str,
     scenarios: list[dict[str, Any]],
@@ -35,10 +45,6 @@ def run_scenarios(
         scenario_file = Path(tmp, "scenarios.json")
         out_file = Path(tmp, "results.json")
         scenario_file.write_text(json.dumps(scenarios))
-        child_env = {**os.environ, **(env or {})}
-        for name in ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"):
-            if env is None or name not in env:
-                child_env.pop(name, None)
         proc = subprocess.run(
             [
                 sys.executable,
@@ -52,7 +58,7 @@ def run_scenarios(
                 str(out_file),
             ],
             cwd=REPO,
-            env=child_env,
+            env=child_env(env),
             capture_output=True,
             text=True,
             timeout=timeout,

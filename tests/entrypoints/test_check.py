@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, child_env
 
 AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 TINY = "tests/data/minimax_m3_tiny"
@@ -23,15 +22,10 @@ def run_checks(cases: list[dict]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         cases_file, out_file = Path(tmp, "cases.json"), Path(tmp, "out.json")
         cases_file.write_text(json.dumps(cases))
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("VLLM_ROCM_") and k != "VLLM_TARGET_DEVICE"
-        }
         proc = subprocess.run(
             [sys.executable, "-m", "tests.sim.check_batch", cases_file, out_file],
             cwd=REPO,
-            env=env,
+            env=child_env(),
             capture_output=True,
             text=True,
             timeout=600,

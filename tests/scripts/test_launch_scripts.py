@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, child_env
 
 SCRIPTS = REPO / "scripts"
 STANDIN = Path(__file__).parent / "standin"
@@ -47,11 +47,7 @@ def inputs(tmp_path: Path, **overrides: str) -> dict[str, str]:
 
 
 def run_script(name: str, env: dict[str, str], *args: str, timeout: float = 240):
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("VLLM_ROCM_") and k != "VLLM_TARGET_DEVICE"
-    }
+    base = child_env()
     path = f"{STANDIN}:{Path(sys.executable).parent}:{base.get('PATH', '')}"
     return subprocess.run(
         ["bash", str(SCRIPTS / name), *args],

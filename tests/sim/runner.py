@@ -26,24 +26,23 @@ TINY_MODEL = str(Path(__file__).parents[1] / "data" / "minimax_m3_tiny")
 KV_MEMORY_BYTES = 8 << 30
 
 
-@contextlib.contextmanager
-def _environment(changes: dict[str, str | None]):
-    saved = {key: os.environ.get(key) for key in changes}
-    for key, value in changes.items():
+def _set_environment(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
     refresh_rocm_env()
+
+
+@contextlib.contextmanager
+def _environment(changes: dict[str, str | None]):
+    saved = {key: os.environ.get(key) for key in changes}
+    _set_environment(changes)
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        refresh_rocm_env()
+        _set_environment(saved)
 
 
 def _unwrap(error: BaseException) -> BaseException:
