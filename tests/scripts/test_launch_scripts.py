@@ -149,10 +149,14 @@ def test_server_that_never_gets_healthy_misses_the_deadline(tmp_path):
 
 
 def test_preflight_failure_refuses_to_launch(tmp_path):
-    # A bf16 main cache beside the recipe's fp8 indexer cannot be uniform.
-    env = inputs(tmp_path)
-    proc = run_script("minimaxm3_fp8_mi355x.sh", {**env, "MAX_MODEL_LEN": "2000000"})
+    # Past the AITER top-k's 8192 blocks there is no fp8 indexer on MI355X, so
+    # the recipe's explicit fp8 indexer fails the validator (vLLM's own length
+    # check is lifted so the plugin's rule is what answers).
+    env = inputs(tmp_path, MAX_MODEL_LEN="2000000", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
+    proc = run_script("minimaxm3_fp8_mi355x.sh", env)
     assert proc.returncode == 2
+    assert "more than the 8192 the AITER MSA top-k holds" in proc.stdout
+    assert "--max-model-len 1048576" in proc.stdout
     assert "not launching" in proc.stderr
     assert not (tmp_path / "server.pid").exists()
 
