@@ -4,7 +4,8 @@ Each entry says why, how, which upstream PR it mirrors or awaits, and when to
 delete it. ``detect`` runs at plugin load without importing model or kernel
 code; only when every entry recognises the installed vLLM is anything applied,
 so an unfamiliar vLLM gets one warning and stock behaviour, never half a patch.
-``tests/test_patch_registry.py`` covers each entry.
+``tests/test_plugin_load.py`` covers each entry, and the end-to-end tests
+in ``tests/models/`` fail if either one stops working.
 """
 
 from __future__ import annotations

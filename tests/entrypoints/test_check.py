@@ -59,6 +59,17 @@ def basic():
             {"argv": ["--target", "nosuch"]},
             {"argv": ["--target", "mi355x", "--no-such-flag"]},
             {"argv": ["--target", "mi355x", "tests/data/llama_tiny"]},
+            {"argv": ["--target", "mi300x", "--dtype", "float16"]},
+            {
+                "argv": [
+                    "--target",
+                    "mi300x",
+                    "--dtype",
+                    "float16",
+                    "--kv-cache-dtype",
+                    "bfloat16",
+                ]
+            },
         ]
     )
 
@@ -96,8 +107,17 @@ def test_json_attention_config_is_parsed_like_vllm_serve(basic):
 
 
 def test_usage_errors_exit_1(basic):
-    assert [r["exit"] for r in basic[3:]] == [1, 1, 1]
+    assert [r["exit"] for r in basic[3:6]] == [1, 1, 1]
     assert "not a sparse MiniMax-M3" in basic[5]["stderr"]
+
+
+def test_fp8_free_mixed_precision_is_reported_with_its_fix(basic):
+    # A float16 model's "auto" main cache beside MiniMax-M3's bf16 indexer:
+    # stock vLLM builds a zeroer; the plugin leaves it, check says so.
+    mixed, fixed = basic[6], basic[7]
+    assert mixed["exit"] == 2 and not mixed["plan"]["uniform_precision"]
+    assert mixed["plan"]["outcome"] == "unchanged"
+    assert fixed["exit"] == 0 and fixed["plan"]["uniform_precision"]
 
 
 # -- the check's verdict equals the live plugin's on the same hardware ----------

@@ -113,6 +113,13 @@ class Plan:
         lines = [f"{name:<{width}}  {value}" for name, value in rows]
         if self.outcome == Outcome.ERROR.value:
             lines += ["", self.message]
+        elif not self.uniform_precision:
+            lines += [
+                "",
+                "fp8 on neither cache, so the plugin leaves this as stock vLLM, "
+                "but the main cache is not bf16 like the indexer and vLLM builds "
+                "a zeroer. Fix: --kv-cache-dtype bfloat16",
+            ]
         return "\n".join(lines)
 
 
@@ -165,11 +172,13 @@ def plan_for(args: argparse.Namespace) -> Plan:
         tensor_parallel_size=tp,
     )
     if verdict.outcome is Outcome.UNCHANGED:
-        # fp8 on neither side: uniform exactly when both caches are 16-bit bf16.
-        uniform = (ours.main, ours.indexer) == (stock.main, stock.indexer) and (
-            kv_cache_dtype in ("auto", "bfloat16")
-            and str(model_config.dtype) == "torch.bfloat16"
-        )
+        # fp8 on neither side: vLLM's own behaviour, uniform exactly when the
+        # main cache resolves to bf16 like MiniMax-M3's default indexer.
+        import torch
+        from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
+        main_dtype = kv_cache_dtype_str_to_dtype(kv_cache_dtype, model_config)
+        uniform = main_dtype == torch.bfloat16 and requested in ("auto", "bf16")
     else:
         uniform = verdict.uniform
     return Plan(
