@@ -78,9 +78,9 @@ def _apply_config_hook() -> None:
     registry = models_config.MODELS_CONFIG_MAP
     for arch in MINIMAX_M3_ARCHITECTURES:
         stock = registry.get(arch)
-        if getattr(stock, "stock_hook", False) is not False:
-            continue  # ours already: loading twice must not stack hooks
-        registry[arch] = make_config_hook(stock)
+        # Our hook classes carry `stock_hook`; wrapping one again would stack.
+        if not hasattr(stock, "stock_hook"):
+            registry[arch] = make_config_hook(stock)
 
 
 # -- MiniMax-M3 indexer cache storage description ------------------------------
