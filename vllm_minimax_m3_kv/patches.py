@@ -18,7 +18,6 @@ from pathlib import Path
 from types import ModuleType
 
 from vllm_minimax_m3_kv._import_hooks import when_imported
-from vllm_minimax_m3_kv.config.facts import MINIMAX_M3_ARCHITECTURES
 
 SUPPORTED_VLLM = ((0, 33), (0, 34))
 """Half-open ``[0.33, 0.34)`` range, as in ``pyproject.toml``."""
@@ -70,17 +69,22 @@ def _detect_config_hook() -> str | None:
     )
 
 
-def _apply_config_hook() -> None:
-    from vllm.model_executor.models import config as models_config
-
+def _patch_config_map(module: ModuleType) -> None:
+    from vllm_minimax_m3_kv.config.facts import MINIMAX_M3_ARCHITECTURES
     from vllm_minimax_m3_kv.model_executor.models.config import make_config_hook
 
-    registry = models_config.MODELS_CONFIG_MAP
+    registry = module.MODELS_CONFIG_MAP
     for arch in MINIMAX_M3_ARCHITECTURES:
         stock = registry.get(arch)
         # Our hook classes carry `stock_hook`; wrapping one again would stack.
         if not hasattr(stock, "stock_hook"):
             registry[arch] = make_config_hook(stock)
+
+
+def _apply_config_hook() -> None:
+    # VllmConfig imports this module when it first verifies a model config;
+    # importing it here would pull in vLLM's model registry at plugin load.
+    when_imported(MODELS_CONFIG_MODULE, _patch_config_map)
 
 
 # -- MiniMax-M3 indexer cache storage description ------------------------------
@@ -123,7 +127,8 @@ PATCHES: tuple[Patch, ...] = (
             "the scheduler drops (and PP stages disagree, HTTP 500)."
         ),
         how=(
-            "Wraps MODELS_CONFIG_MAP entries for the MiniMax-M3 architectures "
+            "When vllm.model_executor.models.config is imported, wraps its "
+            "MODELS_CONFIG_MAP entries for the MiniMax-M3 architectures "
             "(vLLM's own entry runs first) to resolve 'auto' to fp8 where an fp8 "
             "indexer runs and raise a ValueError for every remaining mismatch."
         ),

@@ -1,0 +1,184 @@
+"""What the plugin costs at startup: plugin loading and config creation.
+
+Alternates child processes with the plugin loaded and excluded by
+``VLLM_PLUGINS`` (the same installed packages otherwise), each on a simulated
+MI355X with the MI355X launch script's flags (bundled MiniMax-M3 config,
+``--kv-cache-dtype fp8``, TP 8, AITER sparse paged attention on). Each child
+times vLLM's ``load_general_plugins()`` and then ``create_engine_config()``
+(the first call, and the median of the warm calls after it). A pair's ratio is
+with / without; the report gives the median ratio over pairs and its range.
+A separate set of children times the plugin's own ``register()``.
+
+``python benchmarks/plugin_overhead.py [--pairs 5] [--json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
+
+WARM_CALLS = 7
+RECIPE = {
+    "kv_cache_dtype": "fp8",
+    "tensor_parallel_size": 8,
+    "language_model_only": True,
+}
+
+
+def measure_startup() -> dict[str, Any]:
+    """In a child process: plugin loading, then config creation."""
+    from tests.sim import engine as sim
+    from tests.sim.hardware import simulate
+
+    simulate("mi355x")
+    from vllm.plugins import load_general_plugins
+
+    start = time.perf_counter()
+    load_general_plugins()
+    load_seconds = time.perf_counter() - start
+
+    def create() -> tuple[float, str]:
+        args = sim.make_engine_args({**RECIPE, "model": sim.BUNDLED_MODEL})
+        start = time.perf_counter()
+        vllm_config = args.create_engine_config()
+        return (
+            time.perf_counter() - start,
+            vllm_config.attention_config.indexer_kv_dtype,
+        )
+
+    first, indexer = create()
+    warm = [create()[0] for _ in range(WARM_CALLS)]
+    return {
+        "load_general_plugins_s": load_seconds,
+        "create_engine_config_first_s": first,
+        "create_engine_config_warm_s": statistics.median(warm),
+        "indexer_kv_dtype": indexer,
+    }
+
+
+def measure_register() -> dict[str, Any]:
+    """In a child process: the plugin's own import and register()."""
+    # What vLLM has imported when it loads plugins (EngineArgs.__post_init__).
+    import vllm.engine.arg_utils  # noqa: F401
+
+    start = time.perf_counter()
+    import vllm_minimax_m3_kv
+
+    vllm_minimax_m3_kv.register()
+    return {"register_s": time.perf_counter() - start}
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+    }
+
+
+def run(pairs: int) -> dict[str, Any]:
+    script = Path(__file__)
+    samples: dict[str, list[dict[str, Any]]] = {"with": [], "without": []}
+    for _ in range(pairs):
+        samples["with"].append(
+            run_child(script, ["--what", "startup"], AITER_SPARSE_PA)
+        )
+        samples["without"].append(
+            run_child(
+                script, ["--what", "startup"], {**AITER_SPARSE_PA, **WITHOUT_PLUGIN}
+            )
+        )
+    registers = [
+        run_child(script, ["--what", "register"], {})["register_s"]
+        for _ in range(pairs)
+    ]
+    metrics = (
+        "load_general_plugins_s",
+        "create_engine_config_first_s",
+        "create_engine_config_warm_s",
+    )
+    report: dict[str, Any] = {
+        "pairs": pairs,
+        "indexer_kv_dtype": {
+            "with": samples["with"][0]["indexer_kv_dtype"],
+            "without": samples["without"][0]["indexer_kv_dtype"],
+        },
+    }
+    for metric in metrics:
+        with_values = [s[metric] for s in samples["with"]]
+        without_values = [s[metric] for s in samples["without"]]
+        report[metric] = {
+            "with_plugin": _spread(with_values),
+            "without_plugin": _spread(without_values),
+            "ratio": _spread(
+                [w / o for w, o in zip(with_values, without_values, strict=True)]
+            ),
+        }
+    report["register_ms"] = _spread([seconds * 1000 for seconds in registers])
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    names = {
+        "load_general_plugins_s": "vLLM load_general_plugins()",
+        "create_engine_config_first_s": "create_engine_config(), first call",
+        "create_engine_config_warm_s": f"create_engine_config(), warm (median of {WARM_CALLS})",
+    }
+    rows = []
+    for metric, label in names.items():
+        entry = report[metric]
+        ratio = entry["ratio"]
+        rows.append(
+            [
+                label,
+                f"{entry['with_plugin']['median'] * 1000:.1f} ms",
+                f"{entry['without_plugin']['median'] * 1000:.1f} ms",
+                f"{ratio['median']:.3f}x ({ratio['min']:.3f}-{ratio['max']:.3f})",
+            ]
+        )
+    register = report["register_ms"]
+    dtype = report["indexer_kv_dtype"]
+    return "\n\n".join(
+        [
+            f"Startup cost on simulated MI355X, MI355X recipe flags, {report['pairs']} "
+            f"alternating pairs (indexer: {dtype['with']} with the plugin, "
+            f"{dtype['without']} without)",
+            table(
+                ["step", "with plugin", "without", "ratio, median (min-max)"],
+                rows,
+            ),
+            f"plugin import + register(): {register['median']:.1f} ms median "
+            f"({register['min']:.1f}-{register['max']:.1f})",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--pairs", type=int, default=5, help="alternating with/without runs"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--what", choices=("startup", "register"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.child:
+        result = measure_startup() if options.what == "startup" else measure_register()
+        Path(options.out).write_text(json.dumps(result))
+        return
+    report = run(options.pairs)
+    print(json.dumps(report, indent=1) if options.json else render(report))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""Real vLLM 0.33 steps for one MiniMax-M3 configuration, on a simulated platform.
+
+Config (``EngineArgs.create_engine_config``, which loads this plugin from its
+entry point as ``vllm serve`` does), the model on the meta device, and vLLM's
+KV planner on the specs its layers return. Shared by the scenario runner, the
+reliability matrix and the benchmarks; call ``tests.sim.hardware.simulate``
+first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tests.sim.hardware import refresh_rocm_env
+
+REPO = Path(__file__).parents[2]
+TINY_MODEL = str(REPO / "tests" / "data" / "minimax_m3_tiny")
+BUNDLED_MODEL = str(REPO / "vllm_minimax_m3_kv" / "data" / "minimax_m3")
+KV_MEMORY_BYTES = 8 << 30
+# What the MI355X recipe sets; backend discovery would import GPU kernels.
+SIM_ATTENTION_BACKEND = "TRITON_ATTN"
+
+
+def set_environment(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    refresh_rocm_env()
+
+
+@contextlib.contextmanager
+def environment(changes: dict[str, str | None]):
+    saved = {key: os.environ.get(key) for key in changes}
+    set_environment(changes)
+    try:
+        yield
+    finally:
+        set_environment(saved)
+
+
+def unwrap(error: BaseException) -> BaseException:
+    """The exception a config validator raised, out of pydantic's wrapper."""
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        with contextlib.suppress(Exception):
+            inner = errors()[0].get("ctx", {}).get("error")
+            if isinstance(inner, BaseException):
+                return inner
+    return error
+
+
+def describe_error(error: BaseException) -> dict[str, Any]:
+    from vllm_minimax_m3_kv.model_executor.models.config import IndexerPrecisionError
+
+    inner = unwrap(error)
+    result: dict[str, Any] = {
+        "type": type(inner).__name__,
+        "message": str(inner),
+        "from_plugin": isinstance(inner, IndexerPrecisionError),
+        "fixes": [],
+    }
+    if isinstance(inner, IndexerPrecisionError):
+        result["fixes"] = [
+            {"flags": list(map(list, fix.flags)), "env": dict(fix.env)}
+            for fix in inner.verdict.fixes
+        ]
+    return result
+
+
+def per_rank_overrides(model: str, tensor_parallel_size: int) -> dict[str, Any]:
+    """``hf_overrides`` giving one rank's attention shape at world size 1.
+
+    One process cannot run a TP group, so a TP>1 rank is built as a TP=1
+    model with that rank's heads (vLLM replicates KV heads below one per
+    rank). The layers' KV specs depend only on these per-rank counts.
+    """
+    text = json.loads(Path(model, "config.json").read_text())
+    text = text.get("text_config", text)
+    kv_heads = max(1, text["num_key_value_heads"] // tensor_parallel_size)
+    sparse = dict(text["sparse_attention_config"])
+    # The fused QKV+index projection keeps one index head per KV head.
+    sparse["sparse_num_index_heads"] = kv_heads
+    overrides = {
+        "num_attention_heads": text["num_attention_heads"] // tensor_parallel_size,
+        "num_key_value_heads": kv_heads,
+        "sparse_attention_config": sparse,
+    }
+    return {"text_config": overrides}
+
+
+def make_engine_args(engine: dict[str, Any], set_backend: bool = True):
+    from vllm.config.attention import AttentionConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    engine = dict(engine)
+    attention = dict(engine.pop("attention_config", {}))
+    if set_backend:
+        attention.setdefault("backend", SIM_ATTENTION_BACKEND)
+    return EngineArgs(
+        model=engine.pop("model", TINY_MODEL),
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        enforce_eager=True,
+        block_size=engine.pop("block_size", 128),
+        attention_config=AttentionConfig(**attention),
+        **engine,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+_distributed_ready = False
+
+
+def _init_distributed() -> None:
+    global _distributed_ready
+    if _distributed_ready:
+        return
+    from vllm.distributed import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    init_distributed_environment(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+        backend="gloo",
+    )
+    initialize_model_parallel(1, 1)
+    _distributed_ready = True
+
+
+@dataclass
+class BuiltModel:
+    specs: dict[str, Any]
+    """Layer name -> the KV cache spec the worker would allocate for it."""
+    draft_layers: set[str] = field(default_factory=set)
+    """Layers the MTP drafter added (they share the target's block pool)."""
+    selected: dict[str, Any] = field(default_factory=dict)
+
+
+def _impl_names(model: Any) -> dict[str, Any]:
+    modules = list(model.modules())
+    return {
+        "indexer_impls": sorted(
+            {
+                type(module.impl).__name__
+                for module in modules
+                if type(module).__name__.endswith("Indexer") and hasattr(module, "impl")
+            }
+        ),
+        "main_impls": sorted(
+            {
+                type(module.impl).__name__
+                for module in modules
+                if hasattr(module, "indexer") and hasattr(module, "impl")
+            }
+        ),
+        "aiter_sparse_pa": any(
+            getattr(module, "use_aiter_sparse_pa", False) for module in modules
+        ),
+    }
+
+
+def build_model(vllm_config: Any, bind_indexer: bool = False) -> BuiltModel:
+    """Build the real MiniMax-M3 (and its MTP drafter) on the meta device."""
+    import torch
+    import vllm.model_executor.layers.fused_moe.runner.shared_experts as shared
+    from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.models.utils import init_vllm_registered_model
+    from vllm.v1.kv_cache_interface import AttentionSpec
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    # The shared-experts side stream needs a GPU; nothing here runs on it.
+    shared.aux_stream = lambda: None
+    with set_current_vllm_config(vllm_config):
+        _init_distributed()
+        with torch.device("meta"):
+            # The language model, built as the published VL checkpoint's
+            # wrapper builds it (the vision tower holds no KV cache).
+            model = init_vllm_registered_model(
+                vllm_config=vllm_config,
+                hf_config=vllm_config.model_config.hf_text_config,
+                prefix="language_model",
+                architectures=["MiniMaxM3SparseForCausalLM"],
+            )
+    target_layers = set(get_layers_from_vllm_config(vllm_config, AttentionLayerBase))
+    speculative = vllm_config.speculative_config
+    selected = _impl_names(model)
+    if speculative is not None:
+        # As the proposer does: a copy of the config with its own attention
+        # backend (re-running VllmConfig.__post_init__ and so the plugin hook).
+        draft_config = replace(
+            vllm_config,
+            attention_config=replace(
+                vllm_config.attention_config,
+                backend=speculative.attention_backend or SIM_ATTENTION_BACKEND,
+            ),
+        )
+        draft_hf = speculative.draft_model_config.hf_config
+        with set_current_vllm_config(draft_config), torch.device("meta"):
+            draft = init_vllm_registered_model(
+                vllm_config=draft_config,
+                hf_config=draft_hf,
+                architectures=draft_hf.architectures,
+            )
+        selected["draft_indexer_impls"] = _impl_names(draft)["indexer_impls"]
+    specs: dict[str, Any] = {}
+    bound: dict[str, Any] = {}
+    for name, layer in get_layers_from_vllm_config(
+        vllm_config, AttentionLayerBase
+    ).items():
+        spec = layer.get_kv_cache_spec(vllm_config)
+        if spec is None:
+            continue
+        if isinstance(spec, AttentionSpec):
+            spec = customize_attention_spec(layer.get_attn_backend(), spec)
+        specs[name] = spec
+        if bind_indexer and name.endswith("index_cache"):
+            # What the indexer kernels would index: bind a cache allocated the
+            # way the worker allocates it, in the spec's storage dtype.
+            layer.bind_kv_cache(torch.zeros((2, 1, 128, 128), dtype=spec.dtype))
+            bound[name] = [str(layer.kv_cache.dtype), list(layer.kv_cache.shape)]
+    if bind_indexer:
+        selected["indexer_bound"] = bound
+    return BuiltModel(specs, set(specs) - target_layers, selected)
+
+
+def pp_stages(vllm_config: Any, built: BuiltModel, stages: int) -> list[dict]:
+    """Split layer specs as vLLM's PP ranks own them; the drafter runs last."""
+    from vllm.distributed.utils import get_pp_indices
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    num_layers = vllm_config.model_config.hf_text_config.num_hidden_layers
+    split: list[dict] = []
+    for rank in range(stages):
+        start, end = get_pp_indices(num_layers, rank, stages)
+        split.append(
+            {
+                name: spec
+                for name, spec in built.specs.items()
+                if name not in built.draft_layers
+                and start <= extract_layer_index(name) < end
+            }
+        )
+    split[-1].update({name: built.specs[name] for name in built.draft_layers})
+    return split
+
+
+def plan(
+    vllm_config: Any,
+    stage_specs: list[dict[str, Any]],
+    kv_memory_bytes: int = KV_MEMORY_BYTES,
+) -> dict[str, Any]:
+    """vLLM's planner over per-stage specs, as the engine core runs it."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.utils import (
+        get_current_attn_backends,
+    )
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        resolve_kv_cache_layout,
+    )
+    from vllm.v1.core.kv_cache_planning import (
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        get_kv_cache_capacity,
+    )
+
+    with set_current_vllm_config(vllm_config):
+        layouts = [
+            layout.name
+            for layout in get_supported_kv_cache_layouts(
+                get_current_attn_backends(vllm_config)
+            )
+        ]
+        all_specs = [spec for specs in stage_specs for spec in specs.values()]
+        resolve_kv_cache_layout(vllm_config, [layouts] * len(stage_specs), all_specs)
+        groups = get_global_kv_cache_groups(vllm_config, stage_specs)
+        configs = get_kv_cache_configs(
+            vllm_config, stage_specs, [kv_memory_bytes] * len(stage_specs), groups
+        )
+        scheduler = generate_scheduler_kv_cache_config(configs)
+        tokens, _ = get_kv_cache_capacity(vllm_config, scheduler)
+    return {
+        "workers": [config.needs_kv_cache_zeroing for config in configs],
+        "worker_mixed": [config.has_mixed_precision_kv_cache for config in configs],
+        "scheduler": scheduler.needs_kv_cache_zeroing,
+        "num_blocks": configs[0].num_blocks,
+        "tokens": tokens,
+    }
+
+
+def spec_summary(specs: dict[str, Any]) -> dict[str, list]:
+    return {
+        name: [str(spec.dtype), spec.kv_quant_mode.name, spec.page_size_bytes]
+        for name, spec in specs.items()
+    }
