@@ -36,7 +36,6 @@ def measure() -> dict[str, Any]:
     from tests.sim.hardware import simulate
 
     simulate("mi355x")
-    overrides = sim.per_rank_overrides(sim.BUNDLED_MODEL, TENSOR_PARALLEL_SIZE)
     found = {}
     for case, flags in CASES.items():
         vllm_config = sim.make_engine_args(
@@ -44,7 +43,7 @@ def measure() -> dict[str, Any]:
                 **flags,
                 "model": sim.BUNDLED_MODEL,
                 "language_model_only": True,
-                "hf_overrides": overrides,
+                "tensor_parallel_size": TENSOR_PARALLEL_SIZE,
             }
         ).create_engine_config()
         built = sim.build_model(vllm_config)

@@ -60,17 +60,8 @@ def measure(case: str, kv_memory_bytes: int) -> list[dict[str, Any]]:
             "model": sim.BUNDLED_MODEL,
             "language_model_only": True,
         }
-        # The verdict at the real TP, then one rank's shapes at world size 1.
-        real_tp = sim.make_engine_args({**flags, "tensor_parallel_size": tp})
-        indexer_at_tp = real_tp.create_engine_config().attention_config
-        rank = sim.make_engine_args(
-            {**flags, "hf_overrides": sim.per_rank_overrides(sim.BUNDLED_MODEL, tp)}
-        )
-        vllm_config = rank.create_engine_config()
-        assert (
-            vllm_config.attention_config.indexer_kv_dtype
-            == indexer_at_tp.indexer_kv_dtype
-        )
+        args = sim.make_engine_args({**flags, "tensor_parallel_size": tp})
+        vllm_config = args.create_engine_config()
         built = sim.build_model(vllm_config)
         result = sim.plan(vllm_config, [built.specs], kv_memory_bytes)
         per_token = {"main": 0, "indexer": 0}

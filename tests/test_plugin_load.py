@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.conftest import REPO
+from tests.conftest import REPO, child_env
 
 
 def run_python(code: str, env: dict[str, str] | None = None) -> dict:
@@ -110,7 +110,7 @@ def test_unsupported_vllm_logs_one_warning_and_changes_nothing():
         class Keep(logging.Handler):
             def emit(self, record):
                 records.append(record)
-        logging.getLogger("vllm_minimax_m3_kv").addHandler(Keep())
+        logging.getLogger("vllm.vllm_minimax_m3_kv").addHandler(Keep())
         import vllm_minimax_m3_kv
         vllm_minimax_m3_kv.register()
         vllm_minimax_m3_kv.register()
@@ -125,3 +125,60 @@ def test_unsupported_vllm_logs_one_warning_and_changes_nothing():
     assert len(result["warnings"]) == 1
     assert "0.34.1" in result["warnings"][0]
     assert "pip install 'vllm>=0.33,<0.34'" in result["warnings"][0]
+
+
+_LOAD_AND_DECIDE = """
+import json, multiprocessing, sys
+sys.path.insert(0, {repo!r})
+
+
+def load_and_decide(_=None):
+    from tests.sim.hardware import simulate
+    simulate("mi355x")
+    from tests.sim import engine as sim
+    import vllm.plugins, vllm_minimax_m3_kv
+
+    vllm.plugins.load_general_plugins()
+    vllm_minimax_m3_kv.register()
+    dtypes = [
+        sim.make_engine_args({{"kv_cache_dtype": "fp8", "max_model_len": 8192}})
+        .create_engine_config().attention_config.indexer_kv_dtype
+        for _ in range(2)
+    ]
+    return {{"dtypes": dtypes}}
+
+
+if __name__ == "__main__":
+    here = load_and_decide()
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        child = pool.map(load_and_decide, [None])[0]
+    print(json.dumps({{"here": here, "child": child}}), flush=True)
+"""
+
+
+def test_loaded_twice_and_in_a_spawned_child_same_verdict_one_log_line(tmp_path):
+    script = tmp_path / "load_and_decide.py"
+    script.write_text(_LOAD_AND_DECIDE.format(repo=str(REPO)))
+    env = {
+        **child_env(),
+        "VLLM_ROCM_USE_AITER": "1",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["here"] == result["child"] == {"dtypes": ["fp8", "fp8"]}
+    # What the user sees: vLLM's log lines, each tagged with its process.
+    lines = [
+        line.split(")")[0]
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if "MiniMax-M3 indexer_kv_dtype=fp8 (inherited" in line
+    ]
+    assert len(lines) == 2 and len(set(lines)) == 2, lines

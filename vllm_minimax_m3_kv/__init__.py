@@ -18,11 +18,10 @@ def register() -> None:
     global _registered
     if _registered is not None:
         return
-    from vllm.logger import init_logger
-
     from vllm_minimax_m3_kv import patches
+    from vllm_minimax_m3_kv._log import get_logger
 
-    logger = init_logger(__name__)
+    logger = get_logger(__name__)
     problems = patches.unsupported_reasons()
     if problems:
         _registered = False

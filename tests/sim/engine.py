@@ -10,7 +10,6 @@ first.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 from dataclasses import dataclass, field, replace
@@ -75,27 +74,6 @@ def describe_error(error: BaseException) -> dict[str, Any]:
     return result
 
 
-def per_rank_overrides(model: str, tensor_parallel_size: int) -> dict[str, Any]:
-    """``hf_overrides`` giving one rank's attention shape at world size 1.
-
-    One process cannot run a TP group, so a TP>1 rank is built as a TP=1
-    model with that rank's heads (vLLM replicates KV heads below one per
-    rank). The layers' KV specs depend only on these per-rank counts.
-    """
-    text = json.loads(Path(model, "config.json").read_text())
-    text = text.get("text_config", text)
-    kv_heads = max(1, text["num_key_value_heads"] // tensor_parallel_size)
-    sparse = dict(text["sparse_attention_config"])
-    # The fused QKV+index projection keeps one index head per KV head.
-    sparse["sparse_num_index_heads"] = kv_heads
-    overrides = {
-        "num_attention_heads": text["num_attention_heads"] // tensor_parallel_size,
-        "num_key_value_heads": kv_heads,
-        "sparse_attention_config": sparse,
-    }
-    return {"text_config": overrides}
-
-
 def make_engine_args(engine: dict[str, Any], set_backend: bool = True):
     from vllm.config.attention import AttentionConfig
     from vllm.engine.arg_utils import EngineArgs
@@ -124,24 +102,28 @@ def _free_port() -> int:
 _distributed_ready = False
 
 
-def _init_distributed() -> None:
-    global _distributed_ready
-    if _distributed_ready:
-        return
-    from vllm.distributed import (
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
+def _init_distributed(tensor_parallel_size: int) -> None:
+    """A one-process group that reports ``tensor_parallel_size`` ranks.
 
-    init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-        backend="gloo",
-    )
-    initialize_model_parallel(1, 1)
-    _distributed_ready = True
+    Stands in for the GPUs of a TP group: layers read the TP size and rank
+    from it to size their shards, so the model built here has rank 0's
+    shapes. Nothing built on the meta device communicates.
+    """
+    global _distributed_ready
+    from vllm.distributed import parallel_state
+
+    if not _distributed_ready:
+        parallel_state.init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            backend="gloo",
+        )
+        parallel_state.initialize_model_parallel(1, 1)
+        _distributed_ready = True
+    group = parallel_state.get_tp_group()
+    group.world_size, group.rank_in_group = tensor_parallel_size, 0
 
 
 @dataclass
@@ -189,7 +171,7 @@ def build_model(vllm_config: Any, bind_indexer: bool = False) -> BuiltModel:
     # The shared-experts side stream needs a GPU; nothing here runs on it.
     shared.aux_stream = lambda: None
     with set_current_vllm_config(vllm_config):
-        _init_distributed()
+        _init_distributed(vllm_config.parallel_config.tensor_parallel_size)
         with torch.device("meta"):
             # The language model, built as the published VL checkpoint's
             # wrapper builds it (the vision tower holds no KV cache).

@@ -9,6 +9,8 @@ anything asks ``vllm.platforms.current_platform``.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import sys
 import types
 from typing import Any
@@ -20,6 +22,7 @@ PLATFORMS: dict[str, tuple[str, Any]] = {
     "b300": ("cuda", (10, 3)),
     "b200": ("cuda", (10, 0)),
     "h200": ("cuda", (9, 0)),
+    "a100": ("cuda", (8, 0)),
 }
 
 
@@ -57,6 +60,36 @@ def _simulate_rocm(arch: str) -> None:
 
     aiter_ops.is_aiter_found_and_supported = lambda: True
     aiter_ops.rocm_aiter_ops.refresh_env_variables()
+    _stand_in_aiter_constants()
+
+
+class _AiterConstantsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``aiter.ops.msa_block_select``'s two kernel limits, nothing else.
+
+    The MSA indexer's CP gate reads them at model build: one MFMA's columns
+    and one wave's lanes (gfx950 waves are 64). Only imports of that module
+    (and its parent packages) are answered, so nothing else sees an aiter.
+    """
+
+    MODULES = ("aiter", "aiter.ops", "aiter.ops.msa_block_select")
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.MODULES:
+            return None
+        is_package = fullname != self.MODULES[-1]
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__name__ == self.MODULES[-1]:
+            module.SCORE_MFMA_COLS = 16
+            module.TOPK_CP_MAX_CAND = 64
+
+
+def _stand_in_aiter_constants() -> None:
+    sys.meta_path.append(_AiterConstantsFinder())
 
 
 def _simulate_cuda(capability: tuple[int, int]) -> None:
@@ -99,6 +132,26 @@ def _simulate_cuda(capability: tuple[int, int]) -> None:
 
     platforms._current_platform = SimulatedCudaPlatform()
     _stand_in_cuda_extension_ops()
+    if capability[0] == 9:
+        _import_sm90_autotune_tables(platforms, SimulatedCudaPlatform)
+
+
+def _import_sm90_autotune_tables(platforms: Any, simulated: type) -> None:
+    # On sm90 one Mamba op module filters its Triton autotune configs at import,
+    # and on a CPU machine vLLM's Triton placeholder has no configs to filter.
+    # Import it once as a non-sm90 GPU: only kernel tuning tables differ.
+    current = platforms._current_platform
+
+    class _NotSm90(simulated):
+        @classmethod
+        def is_device_capability(cls, capability: Any, device_id: int = 0) -> bool:
+            return False
+
+    platforms._current_platform = _NotSm90()
+    try:
+        import vllm.model_executor.layers.mamba.ops.ssd_chunk_scan  # noqa: F401
+    finally:
+        platforms._current_platform = current
 
 
 class _AbsentKernel:

@@ -43,6 +43,7 @@ _TARGETS: dict[str, dict[str, Any]] = {
         "cuda_sm100_family": True,
     },
     "h200": {"name": "CUDA sm_90 (H200)", "vendor": "cuda", "cuda_supports_fp8": True},
+    "a100": {"name": "CUDA sm_80 (A100)", "vendor": "cuda"},
 }
 TARGETS = tuple(_TARGETS)
 
@@ -128,5 +129,10 @@ def precision_facts(
         max_model_len=int(model_config.max_model_len),
         shape=shape,
         tensor_parallel_size=int(tensor_parallel_size),
+        kv_heads_per_rank=max(
+            1,
+            int(model_config.hf_text_config.num_key_value_heads)
+            // tensor_parallel_size,
+        ),
         indexer_cp=bool(attention_config.minimax_m3_indexer_cp),
     )

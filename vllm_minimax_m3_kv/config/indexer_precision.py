@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -90,6 +90,8 @@ class PrecisionFacts:
     max_model_len: int
     shape: SparseShape = field(default_factory=SparseShape)
     tensor_parallel_size: int = 1
+    kv_heads_per_rank: int = 1
+    """The main cache's KV heads on one TP rank (vLLM replicates below one)."""
     indexer_cp: bool = False
     """``attention_config.minimax_m3_indexer_cp``."""
 
@@ -158,73 +160,125 @@ def _enable_aiter_fix() -> Fix:
     )
 
 
-def _fp8_indexer_blocker(facts: PrecisionFacts) -> _Blocker | None:
-    """None when this platform and config select an fp8 indexer impl."""
-    platform, shape = facts.platform, facts.shape
-    if platform.vendor == "rocm":
-        # msa_indexer_unsupported_reason's gates. The arch goes first here
-        # (vLLM asks about AITER first) so gfx942 hears the reason no env
-        # variable can change; either way the verdict is the same.
-        if not platform.rocm_gfx950:
+def _indexer_cp_needs_rocm_tp(facts: PrecisionFacts) -> _Blocker | None:
+    # select_indexer_impl_cls / msa_indexer_cp_enabled: both CP indexers are
+    # ROCm kernels that shard the index cache across TP ranks.
+    platform = facts.platform
+    if not facts.indexer_cp or (
+        platform.vendor == "rocm" and facts.tensor_parallel_size > 1
+    ):
+        return None
+    where = (
+        f"tensor_parallel_size={facts.tensor_parallel_size}"
+        if platform.vendor == "rocm"
+        else platform.name
+    )
+    return _Blocker(
+        "minimax_m3_indexer_cp shards the indexer across ROCm TP ranks and "
+        f"cannot run on {where}",
+        (Fix("use the default indexer", flags=((INDEXER_CP_FLAG, "false"),)),),
+    )
+
+
+def _rocm_needs_gfx950(facts: PrecisionFacts) -> _Blocker | None:
+    # msa_indexer_unsupported_reason checks AITER first; the arch goes first
+    # here so gfx942 hears the reason no env variable can change.
+    platform = facts.platform
+    if platform.vendor != "rocm" or platform.rocm_gfx950:
+        return None
+    return _Blocker(
+        "the AITER MSA indexer's fp8 MFMA kernels exist only on gfx950 "
+        f"(MI355X/MI350X), and this is {platform.name}",
+        (),
+    )
+
+
+def _rocm_needs_aiter_sparse_pa(facts: PrecisionFacts) -> _Blocker | None:
+    platform = facts.platform
+    if platform.vendor != "rocm" or platform.aiter_sparse_pa:
+        return None
+    state = (
+        f"{AITER_ENV}={int(platform.aiter_enabled)}, "
+        f"{SHUFFLE_KV_ENV}={int(platform.shuffle_kv_cache_layout)}"
+    )
+    return _Blocker(
+        "on ROCm the only fp8 indexer is the AITER MSA indexer, which runs "
+        f"only with AITER sparse paged attention ({state})",
+        (_enable_aiter_fix(),),
+    )
+
+
+def _rocm_msa_shape_contract(facts: PrecisionFacts) -> _Blocker | None:
+    if facts.platform.vendor != "rocm":
+        return None
+    shape = facts.shape
+    contract = (
+        ("score_type", shape.score_type, MSA_SCORE_TYPE),
+        ("topk_blocks", shape.topk_blocks, MSA_TOPK_BLOCKS),
+        ("sparse_block_size", shape.sparse_block_size, MSA_SPARSE_BLOCK_SIZE),
+        ("index_head_dim", shape.index_head_dim, MSA_INDEX_HEAD_DIM),
+    )
+    for name, got, needed in contract:
+        if got != needed:
             return _Blocker(
-                "the AITER MSA indexer's fp8 MFMA kernels exist only on gfx950 "
-                f"(MI355X/MI350X), and this is {platform.name}",
+                f"the AITER MSA indexer needs {name}={needed!r}, and this "
+                f"checkpoint has {name}={got!r}",
                 (),
             )
-        if not platform.aiter_sparse_pa:
-            state = (
-                f"{AITER_ENV}={int(platform.aiter_enabled)}, "
-                f"{SHUFFLE_KV_ENV}={int(platform.shuffle_kv_cache_layout)}"
-            )
-            return _Blocker(
-                "on ROCm the only fp8 indexer is the AITER MSA indexer, which "
-                f"runs only with AITER sparse paged attention ({state})",
-                (_enable_aiter_fix(),),
-            )
-        contract = (
-            ("score_type", shape.score_type, MSA_SCORE_TYPE),
-            ("topk_blocks", shape.topk_blocks, MSA_TOPK_BLOCKS),
-            ("sparse_block_size", shape.sparse_block_size, MSA_SPARSE_BLOCK_SIZE),
-            ("index_head_dim", shape.index_head_dim, MSA_INDEX_HEAD_DIM),
-        )
-        for name, got, needed in contract:
-            if got != needed:
-                return _Blocker(
-                    f"the AITER MSA indexer needs {name}={needed!r}, and this "
-                    f"checkpoint has {name}={got!r}",
-                    (),
-                )
-        blocks = math.ceil(facts.max_model_len / shape.sparse_block_size)
-        if blocks > MSA_MAX_BLOCKS_PER_ROW:
-            longest = MSA_MAX_BLOCKS_PER_ROW * shape.sparse_block_size
-            return _Blocker(
-                f"max_model_len={facts.max_model_len} spans {blocks} blocks, more "
-                f"than the {MSA_MAX_BLOCKS_PER_ROW} the AITER MSA top-k holds",
-                (
-                    Fix(
-                        "fit the AITER MSA top-k",
-                        flags=((MAX_MODEL_LEN_FLAG, str(longest)),),
-                    ),
-                ),
-            )
+    return None
+
+
+def _rocm_msa_topk_block_limit(facts: PrecisionFacts) -> _Blocker | None:
+    if facts.platform.vendor != "rocm":
         return None
-    if platform.vendor == "cuda":
-        # select_indexer_impl_cls: the CP indexer is ROCm-only, and fp8 needs
-        # a CUDA device that supports fp8 (SM89 and newer).
-        if facts.indexer_cp:
-            return _Blocker(
-                "minimax_m3_indexer_cp is a ROCm-only indexer and CUDA has no "
-                "fp8 variant of it",
-                (Fix("use the default indexer", flags=((INDEXER_CP_FLAG, "false"),)),),
-            )
-        if not platform.cuda_supports_fp8:
-            return _Blocker(
-                f"the fp8 indexer needs a CUDA GPU with fp8 support, and "
-                f"{platform.name} has none",
-                (),
-            )
+    block = facts.shape.sparse_block_size
+    blocks = math.ceil(facts.max_model_len / block)
+    if blocks <= MSA_MAX_BLOCKS_PER_ROW:
         return None
-    return _Blocker(f"{platform.name} has no fp8 MiniMax-M3 indexer", ())
+    return _Blocker(
+        f"max_model_len={facts.max_model_len} spans {blocks} blocks, more "
+        f"than the {MSA_MAX_BLOCKS_PER_ROW} the AITER MSA top-k holds",
+        (
+            Fix(
+                "fit the AITER MSA top-k",
+                flags=((MAX_MODEL_LEN_FLAG, str(MSA_MAX_BLOCKS_PER_ROW * block)),),
+            ),
+        ),
+    )
+
+
+def _needs_fp8_capable_gpu(facts: PrecisionFacts) -> _Blocker | None:
+    # select_indexer_impl_cls: off ROCm's MSA path, fp8 needs a CUDA device
+    # that supports fp8 (SM89 and newer); no other platform has one.
+    platform = facts.platform
+    if platform.vendor == "rocm" or (
+        platform.vendor == "cuda" and platform.cuda_supports_fp8
+    ):
+        return None
+    return _Blocker(
+        "the fp8 indexer needs a CUDA GPU with fp8 support (or ROCm gfx950), "
+        f"and {platform.name} is neither",
+        (),
+    )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One condition an fp8 MiniMax-M3 indexer needs, restating a vLLM gate."""
+
+    name: str
+    check: Callable[[PrecisionFacts], _Blocker | None]
+
+
+FP8_INDEXER_RULES: tuple[Rule, ...] = (
+    Rule("indexer_cp_needs_rocm_tp", _indexer_cp_needs_rocm_tp),
+    Rule("rocm_needs_gfx950", _rocm_needs_gfx950),
+    Rule("rocm_needs_aiter_sparse_pa", _rocm_needs_aiter_sparse_pa),
+    Rule("rocm_msa_shape_contract", _rocm_msa_shape_contract),
+    Rule("rocm_msa_topk_block_limit", _rocm_msa_topk_block_limit),
+    Rule("needs_fp8_capable_gpu", _needs_fp8_capable_gpu),
+)
+"""Checked in order; the first that blocks explains why no fp8 indexer runs."""
 
 
 def _describe(facts: PrecisionFacts) -> str:
@@ -234,26 +288,45 @@ def _describe(facts: PrecisionFacts) -> str:
     )
 
 
-def _keep_fp8_kv_fix(blocker: _Blocker | None, *flags: tuple[str, str]) -> Fix | None:
-    """The fix that keeps an fp8 main cache, if this machine can run it."""
-    if blocker is None:
-        return Fix("keep the fp8 KV cache, fp8 indexer", flags=flags)
-    env = next((fix.env for fix in blocker.fixes if fix.env), ())
-    if env:
-        return Fix("keep the fp8 KV cache, fp8 indexer", flags=flags, env=env)
-    return None
-
-
 _MIXED_POOL = (
     "two precisions in one KV block pool make vLLM build a block zeroer that "
     "its scheduler then drops (stale blocks can decode to NaN; pipeline "
     "stages can disagree)"
 )
-_MAIN_CACHE_BF16 = Fix("main cache bf16", flags=((KV_CACHE_DTYPE_FLAG, "auto"),))
-_BOTH_BF16 = Fix(
-    "both caches bf16, stock vLLM",
-    flags=((KV_CACHE_DTYPE_FLAG, "auto"), (INDEXER_KV_DTYPE_FLAG, "auto")),
-)
+
+
+def _blockers(facts: PrecisionFacts) -> list[_Blocker]:
+    """Every reason no fp8 indexer impl would be selected here; empty if one is."""
+    return [b for rule in FP8_INDEXER_RULES if (b := rule.check(facts)) is not None]
+
+
+def _why(blockers: list[_Blocker]) -> str:
+    return "; also, ".join(blocker.reason for blocker in blockers)
+
+
+def _fp8_fix(blockers: list[_Blocker], *flags: tuple[str, str]) -> Fix | None:
+    """The fix that keeps an fp8 main cache, if this machine can run one."""
+    if any(not blocker.fixes for blocker in blockers):
+        return None  # hardware or checkpoint: no flag changes it
+    enabling = [blocker.fixes[0] for blocker in blockers]
+    return Fix(
+        "keep the fp8 KV cache, fp8 indexer",
+        flags=tuple(flags) + tuple(f for fix in enabling for f in fix.flags),
+        env=tuple(dict(e for fix in enabling for e in fix.env).items()),
+    )
+
+
+def _bf16_fix(facts: PrecisionFacts, summary: str, *flags: tuple[str, str]) -> Fix:
+    """A bf16 fallback, with what else this config needs to start on bf16."""
+    env: tuple[tuple[str, str], ...] = ()
+    cp = _indexer_cp_needs_rocm_tp(facts)
+    if cp is not None:
+        flags += cp.fixes[0].flags
+    if facts.platform.aiter_sparse_pa and facts.kv_heads_per_rank > 1:
+        # minimax_m3_use_aiter_sparse_pa: with more than one KV head per rank
+        # AITER sparse PA needs the fp8 (MSA) indexer; bf16 runs without it.
+        env = ((SHUFFLE_KV_ENV, "0"),)
+    return Fix(summary, flags=flags, env=env)
 
 
 def _error(facts: PrecisionFacts, why: str, *fixes: Fix | None) -> Verdict:
@@ -265,69 +338,146 @@ def _error(facts: PrecisionFacts, why: str, *fixes: Fix | None) -> Verdict:
     )
 
 
+def _is_fp8_indexer(facts: PrecisionFacts) -> bool:
+    return facts.indexer_kv_dtype in FP8_INDEXER_DTYPES
+
+
+def _fp8_indexer_must_run_here(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    if not _is_fp8_indexer(facts) or not blockers:
+        return None
+    return _error(
+        facts,
+        f"no fp8 indexer can run here, because {_why(blockers)}",
+        _fp8_fix(blockers, (KV_CACHE_DTYPE_FLAG, "fp8")),
+        _bf16_fix(
+            facts,
+            "both caches bf16, stock vLLM",
+            (KV_CACHE_DTYPE_FLAG, "auto"),
+            (INDEXER_KV_DTYPE_FLAG, "auto"),
+        ),
+    )
+
+
+def _fp8_indexer_needs_e4m3_main(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    kv = facts.kv_cache_dtype
+    if not _is_fp8_indexer(facts) or kv in FP8_E4M3_KV_CACHE_DTYPES:
+        return None
+    return _error(
+        facts,
+        f"the indexer cache would be fp8 e4m3 and the main cache {kv}; " + _MIXED_POOL,
+        Fix("both caches fp8 e4m3", flags=((KV_CACHE_DTYPE_FLAG, "fp8"),)),
+        _bf16_fix(
+            facts,
+            "both caches bf16",
+            (KV_CACHE_DTYPE_FLAG, "auto"),
+            (INDEXER_KV_DTYPE_FLAG, "auto"),
+        ),
+    )
+
+
+def _fp8_main_needs_e4m3(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    kv = facts.kv_cache_dtype
+    if _is_fp8_indexer(facts) or kv in FP8_E4M3_KV_CACHE_DTYPES:
+        return None
+    return _error(
+        facts,
+        "every MiniMax-M3 fp8 indexer stores e4m3, so no indexer can share "
+        f"the precision of a {kv} main cache",
+        _fp8_fix(
+            blockers, (KV_CACHE_DTYPE_FLAG, "fp8"), (INDEXER_KV_DTYPE_FLAG, "fp8")
+        ),
+        _bf16_fix(
+            facts,
+            "both caches bf16, stock vLLM",
+            (KV_CACHE_DTYPE_FLAG, "auto"),
+            (INDEXER_KV_DTYPE_FLAG, "auto"),
+        ),
+    )
+
+
+def _auto_indexer_needs_an_fp8_indexer(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    if facts.indexer_kv_dtype != "auto" or not blockers:
+        return None
+    return _error(
+        facts,
+        f"the indexer would stay bf16 beside the fp8 main cache, because "
+        f"{_why(blockers)}; " + _MIXED_POOL,
+        _fp8_fix(blockers),
+        _bf16_fix(facts, "main cache bf16", (KV_CACHE_DTYPE_FLAG, "auto")),
+    )
+
+
+def _explicit_indexer_matches_fp8_main(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    indexer = facts.indexer_kv_dtype
+    if indexer == "auto" or _is_fp8_indexer(facts):
+        return None
+    return _error(
+        facts,
+        f"an explicit {indexer} indexer beside an fp8 main cache means " + _MIXED_POOL,
+        _fp8_fix(blockers, (INDEXER_KV_DTYPE_FLAG, "fp8")),
+        _bf16_fix(
+            facts,
+            "both caches bf16, stock vLLM",
+            (KV_CACHE_DTYPE_FLAG, "auto"),
+            (INDEXER_KV_DTYPE_FLAG, "auto"),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class PairingRule:
+    """One way the two caches' precisions can fail to match, and its fixes."""
+
+    name: str
+    check: Callable[[PrecisionFacts, list[_Blocker]], Verdict | None]
+
+
+PAIRING_RULES: tuple[PairingRule, ...] = (
+    PairingRule("fp8_indexer_must_run_here", _fp8_indexer_must_run_here),
+    PairingRule("fp8_indexer_needs_e4m3_main", _fp8_indexer_needs_e4m3_main),
+    PairingRule("fp8_main_needs_e4m3", _fp8_main_needs_e4m3),
+    PairingRule(
+        "auto_indexer_needs_an_fp8_indexer", _auto_indexer_needs_an_fp8_indexer
+    ),
+    PairingRule(
+        "explicit_indexer_matches_fp8_main", _explicit_indexer_matches_fp8_main
+    ),
+)
+"""Checked in order once either cache is fp8; the first that objects decides."""
+
+
 def decide(facts: PrecisionFacts) -> Verdict:
     """The indexer dtype MiniMax-M3 runs with, or the error that stops it.
 
     Never changes an explicit indexer dtype: only ``auto`` is resolved.
     """
     kv, indexer = facts.kv_cache_dtype, facts.indexer_kv_dtype
-    kv_is_fp8 = kv.startswith("fp8")
-    kv_is_e4m3 = kv in FP8_E4M3_KV_CACHE_DTYPES
-    indexer_is_fp8 = indexer in FP8_INDEXER_DTYPES
-    if not kv_is_fp8 and not indexer_is_fp8:
+    if not kv.startswith("fp8") and not _is_fp8_indexer(facts):
         return Verdict(Outcome.UNCHANGED, indexer, "fp8 on neither cache")
-
-    blocker = _fp8_indexer_blocker(facts)
-    if indexer_is_fp8:
-        if blocker is not None:
-            return _error(
-                facts,
-                f"no fp8 indexer can run here, because {blocker.reason}",
-                *blocker.fixes,
-                _BOTH_BF16,
-            )
-        if not kv_is_e4m3:
-            return _error(
-                facts,
-                f"the indexer cache would be fp8 e4m3 and the main cache {kv}; "
-                + _MIXED_POOL,
-                Fix("both caches fp8 e4m3", flags=((KV_CACHE_DTYPE_FLAG, "fp8"),)),
-                Fix("both caches bf16", flags=((INDEXER_KV_DTYPE_FLAG, "auto"),)),
-            )
+    blockers = _blockers(facts)
+    for rule in PAIRING_RULES:
+        verdict = rule.check(facts, blockers)
+        if verdict is not None:
+            return verdict
+    if _is_fp8_indexer(facts):
         return Verdict(Outcome.UNIFORM, indexer, "both caches fp8 e4m3 as set")
-
-    # The main cache is fp8 and the indexer is not, or not yet.
-    if not kv_is_e4m3:
-        return _error(
-            facts,
-            f"every MiniMax-M3 fp8 indexer stores e4m3, so no indexer can share "
-            f"the precision of a {kv} main cache",
-            _keep_fp8_kv_fix(
-                blocker,
-                (KV_CACHE_DTYPE_FLAG, "fp8"),
-                (INDEXER_KV_DTYPE_FLAG, "fp8"),
-            ),
-            _BOTH_BF16,
-        )
     if indexer == "auto":
-        if blocker is None:
-            return Verdict(
-                Outcome.INHERITED,
-                "fp8",
-                f"inherited from {KV_CACHE_DTYPE_FLAG} {kv}: an fp8 indexer runs "
-                f"on {facts.platform.name}, so both caches share fp8 e4m3 and "
-                "vLLM builds no KV block zeroer",
-            )
-        return _error(
-            facts,
-            f"the indexer would stay bf16 beside the fp8 main cache, because "
-            f"{blocker.reason}; " + _MIXED_POOL,
-            *blocker.fixes,
-            _MAIN_CACHE_BF16,
+        return Verdict(
+            Outcome.INHERITED,
+            "fp8",
+            f"inherited from {KV_CACHE_DTYPE_FLAG} {kv}: an fp8 indexer runs "
+            f"on {facts.platform.name}, so both caches share fp8 e4m3 and "
+            "vLLM builds no KV block zeroer",
         )
-    return _error(
-        facts,
-        f"an explicit {indexer} indexer beside an fp8 main cache means " + _MIXED_POOL,
-        _keep_fp8_kv_fix(blocker, (INDEXER_KV_DTYPE_FLAG, "fp8")),
-        _MAIN_CACHE_BF16,
-    )
+    # Reached only if a pairing rule above is taken out: leave the request be.
+    return Verdict(Outcome.UNCHANGED, indexer, "left as requested")

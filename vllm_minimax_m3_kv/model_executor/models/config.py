@@ -48,7 +48,7 @@ def live_verdict(vllm_config: VllmConfig) -> Verdict | None:
 
 def apply_indexer_precision(vllm_config: VllmConfig) -> None:
     """Resolve ``auto`` to fp8 where it makes the pool uniform, else raise."""
-    from vllm.logger import init_logger
+    from vllm_minimax_m3_kv._log import get_logger
 
     verdict = live_verdict(vllm_config)
     if verdict is None or verdict.outcome in (Outcome.UNCHANGED, Outcome.UNIFORM):
@@ -56,7 +56,7 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
     if verdict.outcome is Outcome.ERROR:
         raise IndexerPrecisionError(verdict)
     vllm_config.attention_config.indexer_kv_dtype = verdict.indexer_kv_dtype
-    init_logger(__name__).info_once(
+    get_logger(__name__).info_once(
         "MiniMax-M3 indexer_kv_dtype=%s (%s).", verdict.indexer_kv_dtype, verdict.reason
     )
 

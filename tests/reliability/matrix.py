@@ -1,0 +1,398 @@
+"""The reliability matrix: every MiniMax-M3 KV configuration we promise about.
+
+One declared table (``PLATFORMS`` x the value lists below, plus the
+off-contract checkpoint cells) and one judge. A cell where either cache would
+be fp8 must end in exactly one of:
+
+- ``uniform``: ``create_engine_config`` succeeds, the real model (and MTP
+  drafter) builds on the meta device at the cell's TP, and vLLM's planner
+  says no zeroing on any worker or the scheduler, at the cell's PP;
+- ``plugin_error``: a ``ValueError`` from the plugin at config time whose
+  every fix, parsed back out of the message text and applied to the cell,
+  gives a cell that starts (uniform, or the named bf16 fallback).
+
+Cells with fp8 on neither side must behave exactly as without the plugin.
+
+``python -m tests.reliability.matrix --platform mi355x-aiter-spa --out f.json``
+runs one platform's cells in this process (vLLM fixes its platform once per
+process); ``tests/reliability/test_matrix.py`` runs them all and judges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shlex
+import sys
+import traceback
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tests.sim import engine as sim
+from tests.sim.hardware import simulate
+
+AITER_SPA = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
+AITER_ONLY = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
+AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
+
+# name -> (simulated hardware, environment)
+PLATFORMS: dict[str, tuple[str, dict[str, str]]] = {
+    "mi355x-aiter-spa": ("mi355x", AITER_SPA),
+    "mi355x-aiter": ("mi355x", AITER_ONLY),
+    "mi355x": ("mi355x", AITER_OFF),
+    "mi300x-aiter-spa": ("mi300x", AITER_SPA),
+    "mi300x": ("mi300x", AITER_OFF),
+    "sm100": ("b300", {}),
+    "sm90": ("h200", {}),
+    "sm80": ("a100", {}),  # CUDA without fp8: the one GPU no fp8 indexer runs on
+}
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+INDEXER_KV_DTYPES = (None, "auto", "bf16", "fp8", "fp8_e4m3", "mxfp4")  # None: unset
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+PIPELINE_PARALLEL_SIZES = (1, 2)
+SPECULATIVE = ("none", "mtp")
+INDEXER_CP = (False, True)
+# 8K, and one block past what the AITER MSA top-k holds (8192 blocks of 128).
+MAX_MODEL_LENS = (8192, 8193 * 128)
+CHECKPOINTS = {
+    "published": sim.TINY_MODEL,
+    # Off the AITER MSA indexer's shape contract (top-k 16 blocks).
+    "topk32": str(sim.REPO / "tests" / "data" / "minimax_m3_tiny_topk32"),
+}
+OFF_CONTRACT_PLATFORMS = ("mi355x-aiter-spa",)
+
+# Per GPU; enough for one request at the longest max_model_len here.
+KV_MEMORY_BYTES = 64 << 30
+MTP = {"method": "mtp", "num_speculative_tokens": 1}
+LONG_CONTEXT_ENV = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+@dataclass(frozen=True)
+class Cell:
+    platform: str
+    kv_cache_dtype: str
+    indexer_kv_dtype: str | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    speculative: str
+    indexer_cp: bool
+    max_model_len: int
+    checkpoint: str = "published"
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment changes on top of the platform's (from applied fixes)."""
+
+    @property
+    def id(self) -> str:
+        parts = [
+            self.platform,
+            f"kv={self.kv_cache_dtype}",
+            f"indexer={self.indexer_kv_dtype or 'unset'}",
+            f"tp{self.tensor_parallel_size}",
+            f"pp{self.pipeline_parallel_size}",
+            self.speculative,
+            "cp" if self.indexer_cp else "nocp",
+            f"len{self.max_model_len}",
+            self.checkpoint,
+        ]
+        parts += [f"{k}={v}" for k, v in self.env]
+        return "/".join(parts)
+
+    @property
+    def has_fp8(self) -> bool:
+        return self.kv_cache_dtype in FP8 or self.indexer_kv_dtype in FP8
+
+    def engine(self) -> dict[str, Any]:
+        attention: dict[str, Any] = {"minimax_m3_indexer_cp": self.indexer_cp}
+        if self.indexer_kv_dtype is not None:
+            attention["indexer_kv_dtype"] = self.indexer_kv_dtype
+        return {
+            "model": CHECKPOINTS[self.checkpoint],
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "speculative_config": MTP if self.speculative == "mtp" else None,
+            "max_model_len": self.max_model_len,
+            "attention_config": attention,
+        }
+
+    def environment(self) -> dict[str, str]:
+        env = dict(PLATFORMS[self.platform][1])
+        if self.max_model_len > 524288:  # the checkpoint's own limit
+            env.update(LONG_CONTEXT_ENV)
+        env.update(self.env)
+        return env
+
+
+def cells(platform: str) -> list[Cell]:
+    """The declared table, for one platform."""
+    table = [
+        Cell(platform, *values)
+        for values in itertools.product(
+            KV_CACHE_DTYPES,
+            INDEXER_KV_DTYPES,
+            TENSOR_PARALLEL_SIZES,
+            PIPELINE_PARALLEL_SIZES,
+            SPECULATIVE,
+            INDEXER_CP,
+            MAX_MODEL_LENS,
+        )
+    ]
+    if platform in OFF_CONTRACT_PLATFORMS:
+        table += [
+            Cell(platform, kv, indexer, tp, 1, "none", False, 8192, "topk32")
+            for kv, indexer, tp in itertools.product(
+                KV_CACHE_DTYPES, INDEXER_KV_DTYPES, (1, 8)
+            )
+        ]
+    return table
+
+
+# -- fixes, as a user would apply them ---------------------------------------
+
+FLAG_FIELDS = {
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--attention-config.indexer_kv_dtype": "indexer_kv_dtype",
+    "--attention-config.minimax_m3_indexer_cp": "indexer_cp",
+    "--max-model-len": "max_model_len",
+}
+
+
+def parse_fixes(message: str) -> list[dict[str, Any]]:
+    """The fixes a user reads in the error text, as env and flag pairs."""
+    if "Fix with one of:" not in message:
+        return []
+    fixes = []
+    for line in message.split("Fix with one of:", 1)[1].strip().splitlines():
+        command = line.strip().rsplit("  (", 1)[0]
+        words = iter(shlex.split(command))
+        env: dict[str, str] = {}
+        flags: list[list[str]] = []
+        for word in words:
+            if word.startswith("--"):
+                flags.append([word, next(words)])
+            else:
+                name, value = word.split("=", 1)
+                env[name] = value
+        fixes.append({"env": env, "flags": flags})
+    return fixes
+
+
+def apply_fix(cell: Cell, fix: dict[str, Any]) -> Cell:
+    changes: dict[str, Any] = {}
+    for flag, value in fix["flags"]:
+        field = FLAG_FIELDS[flag]  # an unknown flag is a defect in the message
+        if field == "indexer_cp":
+            changes[field] = {"true": True, "false": False}[value.lower()]
+        elif field == "max_model_len":
+            changes[field] = int(value)
+        else:
+            changes[field] = value
+    env = dict(cell.env)
+    env.update(fix["env"])
+    return replace(cell, **changes, env=tuple(sorted(env.items())))
+
+
+# -- running a cell -----------------------------------------------------------
+
+_builds: dict[tuple, dict[str, Any]] = {}
+
+
+def _build_and_plan(cell: Cell, vllm_config: Any) -> dict[str, Any]:
+    key = (
+        replace(cell, pipeline_parallel_size=1),
+        vllm_config.cache_config.cache_dtype,
+        vllm_config.attention_config.indexer_kv_dtype,
+    )
+    build_config = vllm_config
+    if cell.indexer_cp and cell.tensor_parallel_size > 1:
+        # The CP indexers map peer buffers in GPU IPC memory at build, which a
+        # CPU cannot stand in for. CP shards indexer work, not the KV cache
+        # (AttentionConfig.minimax_m3_indexer_cp), so the specs are the same.
+        build_config = replace(
+            vllm_config,
+            attention_config=replace(
+                vllm_config.attention_config, minimax_m3_indexer_cp=False
+            ),
+        )
+    if key not in _builds:
+        try:
+            built = sim.build_model(build_config)
+        except Exception as error:
+            _builds[key] = {
+                "build_error": sim.describe_error(error),
+                "traceback": traceback.format_exc(limit=-2),
+            }
+        else:
+            _builds[key] = {"built": built}
+    entry = _builds[key]
+    if "built" not in entry:
+        return entry
+    built = entry["built"]
+    stages = sim.pp_stages(build_config, built, cell.pipeline_parallel_size)
+    try:
+        plan = sim.plan(build_config, stages, KV_MEMORY_BYTES)
+    except Exception as error:
+        return {"plan_error": sim.describe_error(error)}
+    return {
+        "precisions": sorted(
+            {f"{spec.dtype}/{spec.kv_quant_mode.name}" for spec in built.specs.values()}
+        ),
+        "layers": len(built.specs),
+        "draft_layers": len(built.draft_layers),
+        "plan": plan,
+    }
+
+
+_results: dict[Cell, dict[str, Any]] = {}
+
+
+def run_cell(cell: Cell) -> dict[str, Any]:
+    """Config, model, planner: what real vLLM does with this cell."""
+    if cell not in _results:
+        _results[cell] = _run_cell(cell)
+    return _results[cell]
+
+
+def _run_cell(cell: Cell) -> dict[str, Any]:
+    with sim.environment(cell.environment()):
+        try:
+            vllm_config = sim.make_engine_args(cell.engine()).create_engine_config()
+        except Exception as error:
+            return {"config_error": sim.describe_error(error)}
+        result = {
+            "kv_cache_dtype": vllm_config.cache_config.cache_dtype,
+            "indexer_kv_dtype": vllm_config.attention_config.indexer_kv_dtype,
+        }
+        result.update(_build_and_plan(cell, vllm_config))
+    return result
+
+
+def starts(result: dict[str, Any]) -> bool:
+    """Built, planned, and no worker or scheduler would zero blocks."""
+    plan = result.get("plan")
+    return (
+        plan is not None
+        and not any(plan["workers"])
+        and not any(plan["worker_mixed"])
+        and not plan["scheduler"]
+    )
+
+
+def judge(cell: Cell, result: dict[str, Any]) -> dict[str, Any]:
+    """An fp8 cell's verdict: uniform, plugin_error (fixes checked) or defect."""
+    error = result.get("config_error")
+    if error is None:
+        if starts(result):
+            return {"outcome": "uniform"}
+        return {"outcome": "defect", "why": "did not start uniform", "result": result}
+    if not error["from_plugin"]:
+        if error["type"] == "ValueError":
+            # vLLM's own config validation refused the input before the plugin
+            # ran (e.g. indexer CP with an mxfp4 index cache).
+            return {"outcome": "vllm_config_error", "message": error["message"]}
+        return {"outcome": "defect", "why": "non-plugin config error", "result": result}
+    fixes = parse_fixes(error["message"])
+    if not fixes or fixes != error["fixes"]:
+        return {
+            "outcome": "defect",
+            "why": "fixes in the message differ from the structured fixes",
+            "result": result,
+            "parsed": fixes,
+        }
+    for fix in fixes:
+        fixed = apply_fix(cell, fix)
+        after = run_cell(fixed)
+        if not starts(after):
+            return {
+                "outcome": "defect",
+                "why": f"fix {fix} does not start",
+                "message": error["message"],
+                "fixed_cell": fixed.id,
+                "after": after,
+            }
+    return {"outcome": "plugin_error", "fixes": len(fixes)}
+
+
+def comparable(result: dict[str, Any]) -> dict[str, Any]:
+    """What must match between runs with and without the plugin."""
+    view = {k: v for k, v in result.items() if k != "traceback"}
+    if "config_error" in view:
+        view["config_error"] = {
+            key: view["config_error"][key] for key in ("type", "message")
+        }
+    if "build_error" in view:
+        view["build_error"] = {
+            key: view["build_error"][key] for key in ("type", "message")
+        }
+    return view
+
+
+def run_platform(
+    platform: str,
+    fp8_free_only: bool = False,
+    drop_rule: str | None = None,
+    stop_at_defect: bool = False,
+    checkpoint: str | None = None,
+) -> list[dict[str, Any]]:
+    """Every cell of one platform, in this process."""
+    hardware, _ = PLATFORMS[platform]
+    simulate(hardware)
+    if drop_rule is not None:
+        _drop_rule(drop_rule)
+    records = []
+    for cell in cells(platform):
+        if (fp8_free_only and cell.has_fp8) or checkpoint not in (
+            None,
+            cell.checkpoint,
+        ):
+            continue
+        result = run_cell(cell)
+        record: dict[str, Any] = {"cell": asdict(cell), "id": cell.id}
+        if cell.has_fp8:
+            record["verdict"] = judge(cell, result)
+        else:
+            record["result"] = comparable(result)
+        records.append(record)
+        if stop_at_defect and record.get("verdict", {}).get("outcome") == "defect":
+            break
+    return records
+
+
+def _drop_rule(name: str) -> None:
+    """Mutation testing: run the matrix with one validator rule taken out."""
+    from vllm_minimax_m3_kv.config import indexer_precision as policy
+
+    before = len(policy.FP8_INDEXER_RULES) + len(policy.PAIRING_RULES)
+    policy.FP8_INDEXER_RULES = tuple(
+        rule for rule in policy.FP8_INDEXER_RULES if rule.name != name
+    )
+    policy.PAIRING_RULES = tuple(
+        rule for rule in policy.PAIRING_RULES if rule.name != name
+    )
+    assert len(policy.FP8_INDEXER_RULES) + len(policy.PAIRING_RULES) == before - 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--platform", choices=sorted(PLATFORMS), required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--fp8-free-only", action="store_true")
+    parser.add_argument("--drop-rule")
+    parser.add_argument("--stop-at-defect", action="store_true")
+    parser.add_argument("--checkpoint", choices=sorted(CHECKPOINTS))
+    options = parser.parse_args()
+    records = run_platform(
+        options.platform,
+        fp8_free_only=options.fp8_free_only,
+        drop_rule=options.drop_rule,
+        stop_at_defect=options.stop_at_defect,
+        checkpoint=options.checkpoint,
+    )
+    Path(options.out).write_text(json.dumps(records))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

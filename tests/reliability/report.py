@@ -1,0 +1,156 @@
+"""Run the whole reliability matrix and count its outcomes.
+
+``python -m tests.reliability.report [--json]`` runs every platform's cells
+with the plugin, and the fp8-free cells again without it, two child processes
+at a time; the README's "Reliability" table is its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tests.reliability.matrix import PLATFORMS
+
+REPO = Path(__file__).parents[2]
+WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
+
+
+def run_child(platform: str, *args: str, env: dict[str, str] | None = None) -> list:
+    """One platform's matrix records, from a fresh process."""
+    base = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("VLLM_ROCM_")
+        and key not in ("VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "records.json")
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tests.reliability.matrix",
+                "--platform",
+                platform,
+                "--out",
+                str(out),
+                *args,
+            ],
+            cwd=REPO,
+            env={**base, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(
+                f"matrix child for {platform} {args} failed "
+                f"(exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+            )
+        return json.loads(out.read_text())
+
+
+def run_matrix(workers: int = 2) -> dict[str, dict[str, list]]:
+    """Per platform: records with the plugin, and fp8-free records without it."""
+    jobs = [(p, "plugin") for p in PLATFORMS] + [(p, "stock") for p in PLATFORMS]
+
+    def run(job: tuple[str, str]) -> list:
+        platform, kind = job
+        if kind == "plugin":
+            return run_child(platform)
+        return run_child(platform, "--fp8-free-only", env=WITHOUT_PLUGIN)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(run, jobs))
+    runs: dict[str, dict[str, list]] = collections.defaultdict(dict)
+    for (platform, kind), records in zip(jobs, results, strict=True):
+        runs[platform][kind] = records
+    return dict(runs)
+
+
+def fp8_free_mismatches(plugin: list, stock: list) -> list[str]:
+    stock_by_id = {record["id"]: record["result"] for record in stock}
+    return [
+        record["id"]
+        for record in plugin
+        if "result" in record and record["result"] != stock_by_id.get(record["id"])
+    ]
+
+
+def count(runs: dict[str, dict[str, list]]) -> dict[str, Any]:
+    rows = {}
+    for platform, kinds in runs.items():
+        outcomes = collections.Counter(
+            record["verdict"]["outcome"]
+            for record in kinds["plugin"]
+            if "verdict" in record
+        )
+        free = [record for record in kinds["plugin"] if "result" in record]
+        rows[platform] = {
+            "cells": len(kinds["plugin"]),
+            "fp8_cells": sum(outcomes.values()),
+            "uniform": outcomes["uniform"],
+            "plugin_error": outcomes["plugin_error"],
+            "vllm_config_error": outcomes["vllm_config_error"],
+            "defect": outcomes["defect"],
+            "fp8_free_cells": len(free),
+            "fp8_free_differ_from_stock": len(
+                fp8_free_mismatches(kinds["plugin"], kinds["stock"])
+            ),
+        }
+    rows["total"] = {
+        key: sum(row[key] for row in rows.values()) for key in next(iter(rows.values()))
+    }
+    return rows
+
+
+def render(rows: dict[str, Any]) -> str:
+    headers = [
+        "platform",
+        "cells",
+        "fp8 cells",
+        "start uniform",
+        "plugin error, fixes start",
+        "vLLM rejects input",
+        "other",
+        "fp8-free cells",
+        "fp8-free differ from stock",
+    ]
+    keys = [
+        "cells",
+        "fp8_cells",
+        "uniform",
+        "plugin_error",
+        "vllm_config_error",
+        "defect",
+        "fp8_free_cells",
+        "fp8_free_differ_from_stock",
+    ]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for platform, row in rows.items():
+        lines.append(
+            "| " + " | ".join([platform, *(f"{row[k]:,}" for k in keys)]) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--workers", type=int, default=2)
+    options = parser.parse_args()
+    rows = count(run_matrix(options.workers))
+    print(json.dumps(rows, indent=1) if options.json else render(rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The reliability matrix (``tests/reliability/matrix.py``), judged.
+
+Every fp8 cell starts uniform or stops at config time with a plugin error
+whose fixes start; fp8-free cells behave as stock vLLM; and taking out any
+one validator rule makes some cell fail, so no rule is dead weight.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.reliability.matrix import PLATFORMS, Cell, apply_fix, parse_fixes
+from tests.reliability.report import count, fp8_free_mismatches, run_child, run_matrix
+from vllm_minimax_m3_kv.config import indexer_precision as policy
+
+# Where each rule's removal must show: the platform (and checkpoint) whose
+# cells depend on it. A rule missing here fails test_every_rule_is_listed.
+RULE_WITNESSES: dict[str, tuple[str, ...]] = {
+    "indexer_cp_needs_rocm_tp": ("sm100",),
+    "rocm_needs_gfx950": ("mi300x-aiter-spa",),
+    "rocm_needs_aiter_sparse_pa": ("mi355x",),
+    "rocm_msa_shape_contract": ("mi355x-aiter-spa", "--checkpoint", "topk32"),
+    "rocm_msa_topk_block_limit": ("mi355x-aiter-spa",),
+    "needs_fp8_capable_gpu": ("sm80",),
+    "fp8_indexer_must_run_here": ("mi355x",),
+    "fp8_indexer_needs_e4m3_main": ("sm100",),
+    "fp8_main_needs_e4m3": ("sm100",),
+    "auto_indexer_needs_an_fp8_indexer": ("mi355x",),
+    "explicit_indexer_matches_fp8_main": ("sm100",),
+}
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return run_matrix()
+
+
+def _defects(records: list) -> list:
+    return [r for r in records if r.get("verdict", {}).get("outcome") == "defect"]
+
+
+def test_every_fp8_cell_starts_uniform_or_fails_at_config_with_working_fixes(
+    matrix,
+):
+    defects = {
+        platform: _defects(kinds["plugin"]) for platform, kinds in matrix.items()
+    }
+    shown = [d for found in defects.values() for d in found][:3]
+    assert not shown, json.dumps(shown, indent=1)[:6000]
+    rows = count(matrix)
+    total = rows["total"]
+    assert total["defect"] == 0
+    # Outcomes the table promises, not an empty or one-sided matrix.
+    assert total["uniform"] > 0 and total["plugin_error"] > 0
+    assert total["fp8_cells"] == (
+        total["uniform"] + total["plugin_error"] + total["vllm_config_error"]
+    )
+    for platform in ("mi355x-aiter-spa", "sm100", "sm90"):
+        assert rows[platform]["uniform"] > 0, platform
+
+
+def test_fp8_free_cells_behave_as_stock_vllm(matrix):
+    for platform, kinds in matrix.items():
+        assert len(kinds["stock"]) == count(matrix)[platform]["fp8_free_cells"]
+        mismatches = fp8_free_mismatches(kinds["plugin"], kinds["stock"])
+        assert not mismatches, (platform, mismatches[:5])
+
+
+def test_mi355x_recipe_cell_inherits_fp8(matrix):
+    records = {r["id"]: r for r in matrix["mi355x-aiter-spa"]["plugin"]}
+    cell = Cell("mi355x-aiter-spa", "fp8", None, 8, 2, "mtp", False, 8192)
+    assert records[cell.id]["verdict"] == {"outcome": "uniform"}
+
+
+def test_fix_parsing_round_trips_the_policy_fixes():
+    verdict = policy.decide(
+        policy.PrecisionFacts(
+            platform=policy.PlatformFacts("ROCm gfx950", "rocm", rocm_gfx950=True),
+            kv_cache_dtype="fp8",
+            indexer_kv_dtype="auto",
+            max_model_len=8193 * 128,
+            kv_heads_per_rank=4,
+        )
+    )
+    parsed = parse_fixes(verdict.message)
+    assert parsed == [
+        {"flags": list(map(list, fix.flags)), "env": dict(fix.env)}
+        for fix in verdict.fixes
+    ]
+    cell = Cell("mi355x", "fp8", None, 1, 1, "none", False, 8193 * 128)
+    fixed = apply_fix(cell, parsed[0])
+    assert fixed.max_model_len == 8192 * 128
+    assert dict(fixed.env)["VLLM_ROCM_USE_AITER"] == "1"
+
+
+def test_every_rule_is_listed():
+    names = {rule.name for rule in policy.FP8_INDEXER_RULES}
+    names |= {rule.name for rule in policy.PAIRING_RULES}
+    assert names == set(RULE_WITNESSES)
+    assert all(args[0] in PLATFORMS for args in RULE_WITNESSES.values())
+
+
+def test_removing_any_single_rule_makes_a_cell_fail():
+    def mutant(rule: str) -> list:
+        platform, *extra = RULE_WITNESSES[rule]
+        records = run_child(platform, "--drop-rule", rule, "--stop-at-defect", *extra)
+        return _defects(records)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        found = dict(zip(RULE_WITNESSES, pool.map(mutant, RULE_WITNESSES), strict=True))
+    survivors = [rule for rule, defects in found.items() if not defects]
+    assert not survivors, f"no cell fails without: {survivors}"
