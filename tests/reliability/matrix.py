@@ -335,7 +335,7 @@ def run_platform(
     fp8_free_only: bool = False,
     drop_rule: str | None = None,
     stop_at_defect: bool = False,
-    checkpoint: str | None = None,
+    where: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every cell of one platform, in this process."""
     hardware, _ = PLATFORMS[platform]
@@ -344,10 +344,9 @@ def run_platform(
         _drop_rule(drop_rule)
     records = []
     for cell in cells(platform):
-        if (fp8_free_only and cell.has_fp8) or checkpoint not in (
-            None,
-            cell.checkpoint,
-        ):
+        if fp8_free_only and cell.has_fp8:
+            continue
+        if any(str(getattr(cell, k)) != v for k, v in (where or {}).items()):
             continue
         result = run_cell(cell)
         record: dict[str, Any] = {"cell": asdict(cell), "id": cell.id}
@@ -382,14 +381,20 @@ def main() -> None:
     parser.add_argument("--fp8-free-only", action="store_true")
     parser.add_argument("--drop-rule")
     parser.add_argument("--stop-at-defect", action="store_true")
-    parser.add_argument("--checkpoint", choices=sorted(CHECKPOINTS))
+    parser.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="only cells whose field has this value (repeatable)",
+    )
     options = parser.parse_args()
     records = run_platform(
         options.platform,
         fp8_free_only=options.fp8_free_only,
         drop_rule=options.drop_rule,
         stop_at_defect=options.stop_at_defect,
-        checkpoint=options.checkpoint,
+        where=dict(item.split("=", 1) for item in options.where),
     )
     Path(options.out).write_text(json.dumps(records))
 

@@ -8,28 +8,32 @@ one validator rule makes some cell fail, so no rule is dead weight.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.conftest import REPO, child_env
 from tests.reliability.matrix import PLATFORMS, Cell, apply_fix, parse_fixes
 from tests.reliability.report import count, fp8_free_mismatches, run_child, run_matrix
 from vllm_minimax_m3_kv.config import indexer_precision as policy
 
-# Where each rule's removal must show: the platform (and checkpoint) whose
-# cells depend on it. A rule missing here fails test_every_rule_is_listed.
+# Where each rule's removal must show: a platform and the slice of its cells
+# that depend on the rule (the full platform would do, only slower). A rule
+# missing here fails test_every_rule_is_listed.
 RULE_WITNESSES: dict[str, tuple[str, ...]] = {
-    "indexer_cp_needs_rocm_tp": ("sm100",),
-    "rocm_needs_gfx950": ("mi300x-aiter-spa",),
-    "rocm_needs_aiter_sparse_pa": ("mi355x",),
-    "rocm_msa_shape_contract": ("mi355x-aiter-spa", "--checkpoint", "topk32"),
-    "rocm_msa_topk_block_limit": ("mi355x-aiter-spa",),
-    "needs_fp8_capable_gpu": ("sm80",),
-    "fp8_indexer_must_run_here": ("mi355x",),
-    "fp8_indexer_needs_e4m3_main": ("sm100",),
-    "fp8_main_needs_e4m3": ("sm100",),
-    "auto_indexer_needs_an_fp8_indexer": ("mi355x",),
-    "explicit_indexer_matches_fp8_main": ("sm100",),
+    "indexer_cp_needs_rocm_tp": ("sm100", "indexer_cp=True"),
+    "rocm_needs_gfx950": ("mi300x-aiter-spa", "kv_cache_dtype=fp8"),
+    "rocm_needs_aiter_sparse_pa": ("mi355x", "kv_cache_dtype=fp8"),
+    "rocm_msa_shape_contract": ("mi355x-aiter-spa", "checkpoint=topk32"),
+    "rocm_msa_topk_block_limit": ("mi355x-aiter-spa", "max_model_len=1048704"),
+    "needs_fp8_capable_gpu": ("sm80", "kv_cache_dtype=fp8"),
+    "fp8_indexer_must_run_here": ("mi355x", "indexer_kv_dtype=fp8"),
+    "fp8_indexer_needs_e4m3_main": ("sm100", "indexer_kv_dtype=fp8"),
+    "fp8_main_needs_e4m3": ("sm100", "kv_cache_dtype=fp8_e5m2"),
+    "auto_indexer_needs_an_fp8_indexer": ("mi355x", "kv_cache_dtype=fp8"),
+    "explicit_indexer_matches_fp8_main": ("sm100", "indexer_kv_dtype=bf16"),
 }
 
 
@@ -105,11 +109,36 @@ def test_every_rule_is_listed():
 
 def test_removing_any_single_rule_makes_a_cell_fail():
     def mutant(rule: str) -> list:
-        platform, *extra = RULE_WITNESSES[rule]
-        records = run_child(platform, "--drop-rule", rule, "--stop-at-defect", *extra)
-        return _defects(records)
+        platform, where = RULE_WITNESSES[rule]
+        args = ("--drop-rule", rule, "--stop-at-defect", "--where", where)
+        return _defects(run_child(platform, *args))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         found = dict(zip(RULE_WITNESSES, pool.map(mutant, RULE_WITNESSES), strict=True))
     survivors = [rule for rule, defects in found.items() if not defects]
     assert not survivors, f"no cell fails without: {survivors}"
+
+
+@pytest.mark.parametrize("platform", ["mi355x", "mi300x", "b300", "h200", "a100"])
+def test_live_hook_agrees_with_offline_decision(platform):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.reliability.live_agreement",
+            "--platform",
+            platform,
+            "--examples",
+            "120",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    tally = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert tally["error"] > 0, tally
+    if platform in ("mi355x", "b300", "h200"):
+        assert tally["runs"] > 0, tally

@@ -1,0 +1,137 @@
+"""Hypothesis: the live config hook and ``decide()`` on a named target agree.
+
+``python -m tests.reliability.live_agreement --platform mi355x --examples 150``
+draws flag sets (KV dtype, indexer dtype, TP, indexer CP, max_model_len,
+AITER variables) and, in this process on the simulated platform, runs
+``create_engine_config`` with the plugin loaded; the offline path (what
+``check --target`` calls) must reach the same verdict from the same facts.
+Exits non-zero with hypothesis' falsifying example on any disagreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.reliability.matrix import (
+    INDEXER_KV_DTYPES,
+    KV_CACHE_DTYPES,
+    LONG_CONTEXT_ENV,
+    MAX_MODEL_LENS,
+)
+from tests.sim import engine as sim
+from tests.sim.hardware import simulate
+
+flag_sets = st.fixed_dictionaries(
+    {
+        "kv": st.sampled_from(KV_CACHE_DTYPES),
+        "indexer": st.sampled_from(INDEXER_KV_DTYPES),
+        "tp": st.sampled_from([1, 2, 4, 8]),
+        "cp": st.booleans(),
+        "max_model_len": st.sampled_from(MAX_MODEL_LENS),
+        "aiter": st.booleans(),
+        "shuffle": st.booleans(),
+    }
+)
+
+
+def live(flags: dict) -> tuple[str, object]:
+    """What the plugin, loaded by vLLM, made of these flags."""
+    attention = {"minimax_m3_indexer_cp": flags["cp"]}
+    if flags["indexer"] is not None:
+        attention["indexer_kv_dtype"] = flags["indexer"]
+    engine = {
+        "kv_cache_dtype": flags["kv"],
+        "tensor_parallel_size": flags["tp"],
+        "max_model_len": flags["max_model_len"],
+        "attention_config": attention,
+    }
+    try:
+        config = sim.make_engine_args(engine).create_engine_config()
+    except Exception as error:
+        inner = sim.unwrap(error)
+        verdict = getattr(inner, "verdict", None)
+        if verdict is None:
+            return "vllm_error", type(inner).__name__
+        return "error", verdict.fixes
+    return "runs", config.attention_config.indexer_kv_dtype
+
+
+def offline(flags: dict, target: str) -> tuple[str, object]:
+    """The same question asked the way ``check --target`` asks it."""
+    from vllm_minimax_m3_kv.config.facts import (
+        precision_facts,
+        sparse_shape,
+        target_platform_facts,
+    )
+    from vllm_minimax_m3_kv.config.indexer_precision import Outcome, decide
+
+    attention = {"minimax_m3_indexer_cp": flags["cp"]}
+    if flags["indexer"] is not None:
+        attention["indexer_kv_dtype"] = flags["indexer"]
+    # vLLM's own config for the model shape; the plugin's hook is not involved
+    # in reading it (a bf16 request never reaches the hook's error path).
+    args = sim.make_engine_args(
+        {"tensor_parallel_size": flags["tp"], "max_model_len": flags["max_model_len"]}
+    )
+    model_config = args.create_model_config()
+    from vllm.config.attention import AttentionConfig
+
+    verdict = decide(
+        precision_facts(
+            target_platform_facts(target),
+            model_config=model_config,
+            kv_cache_dtype=flags["kv"],
+            attention_config=AttentionConfig(**attention),
+            tensor_parallel_size=flags["tp"],
+            shape=sparse_shape(model_config),
+        )
+    )
+    if verdict.outcome is Outcome.ERROR:
+        return "error", verdict.fixes
+    return "runs", verdict.indexer_kv_dtype
+
+
+def check_platform(platform: str, examples: int) -> dict[str, int]:
+    """Outcomes seen, by kind; raises on the first disagreement."""
+    simulate(platform)
+    tally = {"runs": 0, "error": 0, "vllm_error": 0}
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(flag_sets)
+    def agree(flags: dict) -> None:
+        env = {
+            "VLLM_ROCM_USE_AITER": str(int(flags["aiter"])),
+            "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": str(int(flags["shuffle"])),
+            **LONG_CONTEXT_ENV,
+        }
+        with sim.environment(env):
+            seen = live(flags)
+            tally[seen[0]] += 1
+            if seen[0] == "vllm_error":
+                return  # vLLM refused the flags before the plugin ran
+            assert seen == offline(flags, platform), (flags, seen)
+
+    agree()
+    return tally
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--platform", required=True)
+    parser.add_argument("--examples", type=int, default=150)
+    options = parser.parse_args()
+    print(json.dumps(check_platform(options.platform, options.examples)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
