@@ -25,6 +25,9 @@ from typing import Any
 from _common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
 
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+# The planner needs room for one request of this length; capacity in tokens
+# does not depend on it.
+MAX_MODEL_LEN = 131072
 CASES: dict[str, dict[str, Any]] = {
     "a": {
         "label": "stock, public MI355X recipe",
@@ -59,6 +62,7 @@ def measure(case: str, kv_memory_bytes: int) -> list[dict[str, Any]]:
             **CASES[case]["engine"],
             "model": sim.BUNDLED_MODEL,
             "language_model_only": True,
+            "max_model_len": MAX_MODEL_LEN,
         }
         args = sim.make_engine_args({**flags, "tensor_parallel_size": tp})
         vllm_config = args.create_engine_config()
@@ -145,7 +149,8 @@ def render(report: dict[str, Any]) -> str:
     gib = report["kv_memory_bytes_per_gpu"] / (1 << 30)
     return "\n\n".join(
         [
-            f"KV capacity per GPU, {gib:g} GiB KV budget, full MiniMax-M3 on simulated MI355X",
+            f"KV capacity per GPU, {gib:g} GiB KV budget, full MiniMax-M3 on simulated "
+            f"MI355X, max_model_len {MAX_MODEL_LEN:,}",
             table(headers, rows),
             table(["TP", "tokens (c) / (a)"], ratio_rows),
         ]

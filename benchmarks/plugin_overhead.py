@@ -9,7 +9,7 @@ times vLLM's ``load_general_plugins()`` and then ``create_engine_config()``
 with / without; the report gives the median ratio over pairs and its range.
 A separate set of children times the plugin's own ``register()``.
 
-``python benchmarks/plugin_overhead.py [--pairs 5] [--json]``
+``python benchmarks/plugin_overhead.py [--pairs 7] [--json]``
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from _common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
 
-WARM_CALLS = 7
+WARM_CALLS = 60
 RECIPE = {
     "kv_cache_dtype": "fp8",
     "tensor_parallel_size": 8,
@@ -54,13 +54,34 @@ def measure_startup() -> dict[str, Any]:
         )
 
     first, indexer = create()
+    hook_seconds = _time_plugin_hook()
     warm = [create()[0] for _ in range(WARM_CALLS)]
     return {
         "load_general_plugins_s": load_seconds,
         "create_engine_config_first_s": first,
         "create_engine_config_warm_s": statistics.median(warm),
         "indexer_kv_dtype": indexer,
+        "plugin_hook_s": statistics.median(hook_seconds) if hook_seconds else None,
     }
+
+
+def _time_plugin_hook() -> list[float]:
+    """Time the plugin's config hook inside each warm create_engine_config."""
+    from vllm.model_executor.models import config as models_config
+
+    hook = models_config.MODELS_CONFIG_MAP["MiniMaxM3SparseForConditionalGeneration"]
+    if not hasattr(hook, "stock_hook"):
+        return []  # plugin excluded
+    seconds: list[float] = []
+    verify = hook.verify_and_update_config
+
+    def timed(vllm_config: Any) -> None:
+        start = time.perf_counter()
+        verify(vllm_config)
+        seconds.append(time.perf_counter() - start)
+
+    hook.verify_and_update_config = staticmethod(timed)
+    return seconds
 
 
 def measure_register() -> dict[str, Any]:
@@ -122,6 +143,9 @@ def run(pairs: int) -> dict[str, Any]:
             ),
         }
     report["register_ms"] = _spread([seconds * 1000 for seconds in registers])
+    report["plugin_hook_us"] = _spread(
+        [s["plugin_hook_s"] * 1e6 for s in samples["with"]]
+    )
     return report
 
 
@@ -144,6 +168,7 @@ def render(report: dict[str, Any]) -> str:
             ]
         )
     register = report["register_ms"]
+    hook = report["plugin_hook_us"]
     dtype = report["indexer_kv_dtype"]
     return "\n\n".join(
         [
@@ -156,6 +181,8 @@ def render(report: dict[str, Any]) -> str:
             ),
             f"plugin import + register(): {register['median']:.1f} ms median "
             f"({register['min']:.1f}-{register['max']:.1f})",
+            f"plugin config hook inside each create_engine_config(): "
+            f"{hook['median']:.0f} us median ({hook['min']:.0f}-{hook['max']:.0f})",
         ]
     )
 
@@ -163,7 +190,7 @@ def render(report: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--pairs", type=int, default=5, help="alternating with/without runs"
+        "--pairs", type=int, default=7, help="alternating with/without runs"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
