@@ -8,11 +8,7 @@ accelerator look present).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,41 +16,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.sim.process import json_from_out_file  # noqa: E402
+
 # Loading only another installed plugin keeps this one out, as a stock install.
 WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 AITER_SPARSE_PA = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 
 
-def child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("VLLM_ROCM_")
-        and key not in ("VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
-    }
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO), env.get("PYTHONPATH")])
-    )
-    return {**env, **extra}
-
-
 def run_child(script: Path, args: list[str], env: dict[str, str]) -> Any:
-    """Run ``script --child ... --out FILE`` and return the JSON it wrote."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp, "out.json")
-        proc = subprocess.run(
-            [sys.executable, str(script), "--child", *args, "--out", str(out)],
-            cwd=REPO,
-            env=child_env(env),
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0 or not out.exists():
-            raise SystemExit(
-                f"{script.name} child failed (exit {proc.returncode}):\n"
-                + proc.stderr[-3000:]
-            )
-        return json.loads(out.read_text())
+    """Run ``script --child ARGS --out FILE`` and return the JSON it wrote."""
+    return json_from_out_file([str(script), "--child", *args], env)
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:

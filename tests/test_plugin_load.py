@@ -11,22 +11,11 @@ import subprocess
 import sys
 import textwrap
 
-from tests.conftest import REPO, child_env
+from tests.sim.process import REPO, child_env, json_from_stdout
 
 
 def run_python(code: str, env: dict[str, str] | None = None) -> dict:
-    import os
-
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_from_stdout(["-c", textwrap.dedent(code)], env, timeout=300)
 
 
 def test_every_patch_is_declared_and_recognised():

@@ -8,26 +8,14 @@ over AITER flags, checkpoint shapes and context lengths, per simulated GPU.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO
+from tests.sim.process import json_from_stdout
 
 
 @pytest.mark.parametrize("platform", ["mi355x", "mi300x", "b300", "h200"])
 def test_policy_matches_vllm_gates(platform):
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.sim.gate_contract", platform],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = json_from_stdout(["-m", "tests.sim.gate_contract", platform])
     assert len(rows) == 60
     disagreements = [case for case, vllm, policy in rows if vllm != policy]
     assert disagreements == []

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env
+from tests.sim.process import json_from_out_file
 
 AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 TINY = "tests/data/minimax_m3_tiny"
@@ -20,18 +18,9 @@ TINY = "tests/data/minimax_m3_tiny"
 
 def run_checks(cases: list[dict]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        cases_file, out_file = Path(tmp, "cases.json"), Path(tmp, "out.json")
+        cases_file = Path(tmp, "cases.json")
         cases_file.write_text(json.dumps(cases))
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.sim.check_batch", cases_file, out_file],
-            cwd=REPO,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(out_file.read_text())
+        return json_from_out_file(["-m", "tests.sim.check_batch", str(cases_file)])
 
 
 @pytest.fixture(scope="module")

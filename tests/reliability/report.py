@@ -10,53 +10,20 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from tests.reliability.matrix import PLATFORMS
+from tests.sim.process import json_from_out_file
 
-REPO = Path(__file__).parents[2]
 WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 
 
 def run_child(platform: str, *args: str, env: dict[str, str] | None = None) -> list:
     """One platform's matrix records, from a fresh process."""
-    base = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("VLLM_ROCM_")
-        and key not in ("VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp, "records.json")
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tests.reliability.matrix",
-                "--platform",
-                platform,
-                "--out",
-                str(out),
-                *args,
-            ],
-            cwd=REPO,
-            env={**base, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(
-                f"matrix child for {platform} {args} failed "
-                f"(exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-            )
-        return json.loads(out.read_text())
+    argv = ["-m", "tests.reliability.matrix", "--platform", platform, *args]
+    return json_from_out_file(argv, env)
 
 
 def run_matrix(workers: int = 2) -> dict[str, dict[str, list]]:

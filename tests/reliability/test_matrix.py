@@ -8,15 +8,13 @@ one validator rule makes some cell fail, so no rule is dead weight.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import REPO, child_env
 from tests.reliability.matrix import PLATFORMS, Cell, apply_fix, parse_fixes
 from tests.reliability.report import count, fp8_free_mismatches, run_child, run_matrix
+from tests.sim.process import json_from_stdout
 from vllm_minimax_m3_kv.config import indexer_precision as policy
 
 # Where each rule's removal must show: a platform and the slice of its cells
@@ -121,24 +119,8 @@ def test_removing_any_single_rule_makes_a_cell_fail():
 
 @pytest.mark.parametrize("platform", ["mi355x", "mi300x", "b300", "h200", "a100"])
 def test_live_hook_agrees_with_offline_decision(platform):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.reliability.live_agreement",
-            "--platform",
-            platform,
-            "--examples",
-            "120",
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    tally = json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = ["-m", "tests.reliability.live_agreement", "--platform", platform]
+    tally = json_from_stdout([*argv, "--examples", "120"])
     assert tally["error"] > 0, tally
     if platform in ("mi355x", "b300", "h200"):
         assert tally["runs"] > 0, tally

@@ -1,6 +1,6 @@
 """Run ``vllm-minimax-m3-kv check`` for many argv lists in one process.
 
-``python -m tests.sim.check_batch cases.json out.json``; each case is
+``python -m tests.sim.check_batch cases.json --out out.json``; each case is
 ``{"argv": [...], "env": {...}}``, each result ``{"exit": int, "plan": {...}}``.
 """
 
@@ -33,4 +33,4 @@ def run(case: dict) -> dict:
 
 if __name__ == "__main__":
     cases = json.loads(Path(sys.argv[1]).read_text())
-    Path(sys.argv[2]).write_text(json.dumps([run(case) for case in cases]))
+    Path(sys.argv[3]).write_text(json.dumps([run(case) for case in cases]))
