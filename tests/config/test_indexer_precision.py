@@ -71,6 +71,8 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
             "auto",
         ),
         (facts(shape=SparseShape(topk_blocks=32)), Outcome.ERROR, "auto"),
+        (facts(indexer_cp=True), Outcome.ERROR, "auto"),  # CP at TP 1
+        (facts(indexer_cp=True, tensor_parallel_size=4), Outcome.INHERITED, "fp8"),
     ],
 )
 def test_table(case, outcome, indexer):
@@ -99,6 +101,7 @@ facts_space = st.builds(
     max_model_len=st.sampled_from([4096, 8192, 1 << 20, (1 << 20) + 1]),
     indexer_cp=st.booleans(),
     tensor_parallel_size=st.sampled_from([1, 2, 4, 8]),
+    kv_heads_per_rank=st.sampled_from([1, 2, 4]),
 )
 
 
@@ -128,3 +131,31 @@ def test_every_uniform_verdict_is_fp8_e4m3_on_both_sides(case):
     if verdict.uniform:
         assert case.kv_cache_dtype in ("fp8", "fp8_e4m3")
         assert verdict.indexer_kv_dtype in ("fp8", "fp8_e4m3")
+
+
+def test_bf16_fallbacks_carry_what_bf16_needs_on_this_machine():
+    # AITER sparse PA serves several KV heads per rank only with the fp8 indexer.
+    tp1 = decide(facts(indexer="bf16", kv_heads_per_rank=4))
+    fallback = tp1.fixes[-1]
+    assert dict(fallback.env) == {"VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
+    tp8 = decide(facts(indexer="bf16", kv_heads_per_rank=1, tensor_parallel_size=8))
+    assert tp8.fixes[-1].env == ()
+    # Indexer CP where it cannot run: every fix turns it off.
+    cuda_cp = decide(facts(B300, indexer_cp=True))
+    for fix in cuda_cp.fixes:
+        assert ("--attention-config.minimax_m3_indexer_cp", "false") in fix.flags
+
+
+def test_every_blocker_is_reported_and_one_fix_clears_them_all():
+    # AITER off and a context past the top-k: both reasons, one combined fix.
+    verdict = decide(
+        facts(MI355X_NO_AITER, max_model_len=MSA_MAX_BLOCKS_PER_ROW * 128 + 1)
+    )
+    assert "AITER sparse paged attention" in verdict.reason
+    assert "AITER MSA top-k" in verdict.reason
+    keep = verdict.fixes[0]
+    assert dict(keep.env) == {
+        "VLLM_ROCM_USE_AITER": "1",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
+    }
+    assert ("--max-model-len", str(MSA_MAX_BLOCKS_PER_ROW * 128)) in keep.flags

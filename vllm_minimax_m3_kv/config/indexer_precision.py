@@ -14,6 +14,10 @@ which read the live platform and so cannot judge another machine:
 (``models/minimax_m3/common/sparse_attention.py``).
 ``tests/config/test_vllm_gate_contract.py`` pins each rule to those functions
 under simulated MI355X, MI300X and SM100 platforms.
+
+Each rule is a named entry in ``FP8_INDEXER_RULES`` or ``PAIRING_RULES``, so
+the reliability matrix (``tests/reliability/``) can take any one out and show
+a configuration that then fails: none is dead weight.
 """
 
 from __future__ import annotations
