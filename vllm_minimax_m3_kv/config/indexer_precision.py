@@ -333,6 +333,15 @@ def _bf16_fix(facts: PrecisionFacts, summary: str, *flags: tuple[str, str]) -> F
     return Fix(summary, flags=flags, env=env)
 
 
+def _both_bf16_fix(facts: PrecisionFacts) -> Fix:
+    return _bf16_fix(
+        facts,
+        "both caches bf16, stock vLLM",
+        (KV_CACHE_DTYPE_FLAG, "auto"),
+        (INDEXER_KV_DTYPE_FLAG, "auto"),
+    )
+
+
 def _error(facts: PrecisionFacts, why: str, *fixes: Fix | None) -> Verdict:
     return Verdict(
         Outcome.ERROR,
@@ -355,12 +364,7 @@ def _fp8_indexer_must_run_here(
         facts,
         f"no fp8 indexer can run here, because {_why(blockers)}",
         _fp8_fix(blockers, (KV_CACHE_DTYPE_FLAG, "fp8")),
-        _bf16_fix(
-            facts,
-            "both caches bf16, stock vLLM",
-            (KV_CACHE_DTYPE_FLAG, "auto"),
-            (INDEXER_KV_DTYPE_FLAG, "auto"),
-        ),
+        _both_bf16_fix(facts),
     )
 
 
@@ -374,12 +378,7 @@ def _fp8_indexer_needs_e4m3_main(
         facts,
         f"the indexer cache would be fp8 e4m3 and the main cache {kv}; " + _MIXED_POOL,
         Fix("both caches fp8 e4m3", flags=((KV_CACHE_DTYPE_FLAG, "fp8"),)),
-        _bf16_fix(
-            facts,
-            "both caches bf16",
-            (KV_CACHE_DTYPE_FLAG, "auto"),
-            (INDEXER_KV_DTYPE_FLAG, "auto"),
-        ),
+        _both_bf16_fix(facts),
     )
 
 
@@ -396,12 +395,7 @@ def _fp8_main_needs_e4m3(
         _fp8_fix(
             blockers, (KV_CACHE_DTYPE_FLAG, "fp8"), (INDEXER_KV_DTYPE_FLAG, "fp8")
         ),
-        _bf16_fix(
-            facts,
-            "both caches bf16, stock vLLM",
-            (KV_CACHE_DTYPE_FLAG, "auto"),
-            (INDEXER_KV_DTYPE_FLAG, "auto"),
-        ),
+        _both_bf16_fix(facts),
     )
 
 
@@ -429,12 +423,7 @@ def _explicit_indexer_matches_fp8_main(
         facts,
         f"an explicit {indexer} indexer beside an fp8 main cache means " + _MIXED_POOL,
         _fp8_fix(blockers, (INDEXER_KV_DTYPE_FLAG, "fp8")),
-        _bf16_fix(
-            facts,
-            "both caches bf16, stock vLLM",
-            (KV_CACHE_DTYPE_FLAG, "auto"),
-            (INDEXER_KV_DTYPE_FLAG, "auto"),
-        ),
+        _both_bf16_fix(facts),
     )
 
 
