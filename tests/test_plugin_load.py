@@ -171,3 +171,67 @@ def test_loaded_twice_and_in_a_spawned_child_same_verdict_one_log_line(tmp_path)
         if "MiniMax-M3 indexer_kv_dtype=fp8 (inherited" in line
     ]
     assert len(lines) == 2 and len(set(lines)) == 2, lines
+
+
+_ZEROING_PROBE = """
+    import copy, json, pickle
+    {first}
+    import vllm.plugins
+    vllm.plugins.load_general_plugins()
+    {second}
+    import vllm.envs as envs
+    import vllm.v1.core.kv_cache_planning as planning
+    import vllm.v1.engine.core as core
+    from vllm.platforms.interface import Platform
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    config = KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=[])
+    computed = config.needs_kv_cache_zeroing
+    config.__dict__["_minimax_m3_kv_needs_zeroing"] = True
+    try:
+        Platform.validate_environ(hard_fail=True)
+        strict_env = "accepted"
+    except ValueError as error:
+        strict_env = str(error)
+    print(json.dumps({{
+        "core_wrapped": hasattr(core.get_kv_cache_configs, "__wrapped__"),
+        "planner_wrapped": hasattr(planning.get_kv_cache_configs, "__wrapped__"),
+        "computed": computed,
+        "stored": config.needs_kv_cache_zeroing,
+        "deepcopy": copy.deepcopy(config).needs_kv_cache_zeroing,
+        "pickled": pickle.loads(pickle.dumps(config)).needs_kv_cache_zeroing,
+        "opt_in": getattr(envs, "VLLM_MINIMAX_M3_KV_ALLOW_MIXED", None),
+        "strict_env": strict_env,
+    }}))
+"""
+
+
+def test_zeroing_decision_reaches_the_engine_core_whichever_imports_first():
+    # The engine-core process imports vllm.v1.engine.core (which binds the
+    # planner by name) before it loads plugins; the front end the other way.
+    env = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
+    core_first = run_python(
+        _ZEROING_PROBE.format(first="import vllm.v1.engine.core", second=""), env
+    )
+    plugin_first = run_python(
+        _ZEROING_PROBE.format(first="", second="import vllm.v1.engine.core"), env
+    )
+    for result in (core_first, plugin_first):
+        assert result["core_wrapped"] and result["planner_wrapped"], result
+        # No stored decision: vLLM's own computation; stored: it survives the
+        # scheduler's deepcopy and pickling to workers.
+        assert result["computed"] is False
+        assert result["stored"] and result["deepcopy"] and result["pickled"]
+        # vLLM knows the opt-in, even under --fail-on-environ-validation.
+        assert result["opt_in"] is True
+        assert result["strict_env"] == "accepted", result["strict_env"]
+
+
+def test_without_the_plugin_vllm_strict_env_validation_refuses_the_opt_in():
+    # What the env-table registry entry exists for: the stock failure.
+    result = run_python(
+        _ZEROING_PROBE.format(first="", second=""),
+        {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1", "VLLM_PLUGINS": "none"},
+    )
+    assert not result["core_wrapped"] and result["opt_in"] is None
+    assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED" in result["strict_env"]

@@ -24,6 +24,11 @@ SUPPORTED_VLLM = ((0, 33), (0, 34))
 
 INDEXER_MODULE = "vllm.models.minimax_m3.common.indexer"
 MODELS_CONFIG_MODULE = "vllm.model_executor.models.config"
+KV_CACHE_INTERFACE_MODULE = "vllm.v1.kv_cache_interface"
+KV_CACHE_PLANNING_MODULE = "vllm.v1.core.kv_cache_planning"
+KV_CACHE_UTILS_MODULE = "vllm.v1.core.kv_cache_utils"
+ENGINE_CORE_MODULE = "vllm.v1.engine.core"
+ENVS_MODULE = "vllm.envs"
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,78 @@ def _apply_indexer_cache() -> None:
     when_imported(INDEXER_MODULE, _patch_indexer_cache)
 
 
+# -- one KV zeroing decision per MiniMax-M3 engine (vLLM PR #64472) -----------
+
+
+def _detect_zeroing_decision() -> str | None:
+    return (
+        _source_lacks(
+            KV_CACHE_INTERFACE_MODULE,
+            "class KVCacheConfig",
+            "def needs_kv_cache_zeroing",
+            "def has_mixed_precision_kv_cache",
+        )
+        or _source_lacks(KV_CACHE_PLANNING_MODULE, "def get_kv_cache_configs(")
+        # The scheduler's config must be a copy of a worker's, so that the
+        # decision stored on it survives the projection.
+        or _source_lacks(KV_CACHE_UTILS_MODULE, "copy.deepcopy(kv_cache_configs[0])")
+        or _source_lacks(
+            ENGINE_CORE_MODULE,
+            "get_kv_cache_configs,",
+            "generate_scheduler_kv_cache_config(kv_cache_configs)",
+        )
+    )
+
+
+def _patch_zeroing_property(module: ModuleType) -> None:
+    from vllm_minimax_m3_kv.v1.core.kv_cache_zeroing import stored_or_computed
+
+    config_cls = module.KVCacheConfig
+    current = config_cls.needs_kv_cache_zeroing
+    if not hasattr(current.fget, "__wrapped__"):
+        config_cls.needs_kv_cache_zeroing = stored_or_computed(current.fget)
+
+
+def _patch_planner(module: ModuleType) -> None:
+    # The planning module and the engine core (which imported the function by
+    # name, often before any plugin loads) each get the wrapped planner.
+    from vllm_minimax_m3_kv.v1.core.kv_cache_zeroing import (
+        wrap_get_kv_cache_configs,
+    )
+
+    current = module.get_kv_cache_configs
+    if not hasattr(current, "__wrapped__"):
+        module.get_kv_cache_configs = wrap_get_kv_cache_configs(current)
+
+
+def _apply_zeroing_decision() -> None:
+    when_imported(KV_CACHE_INTERFACE_MODULE, _patch_zeroing_property)
+    when_imported(KV_CACHE_PLANNING_MODULE, _patch_planner)
+    when_imported(ENGINE_CORE_MODULE, _patch_planner)
+
+
+# -- the mixed-pool opt-in as a vLLM environment variable ---------------------
+
+
+def _detect_env_table() -> str | None:
+    return _source_lacks(
+        ENVS_MODULE, "environment_variables: dict[str, Callable[[], Any]]"
+    ) or _source_lacks(
+        "vllm.platforms.interface", "env not in envs.environment_variables"
+    )
+
+
+def _register_env_variable(module: ModuleType) -> None:
+    from vllm_minimax_m3_kv.config.facts import allow_mixed_from_env
+    from vllm_minimax_m3_kv.config.indexer_precision import ALLOW_MIXED_ENV
+
+    module.environment_variables.setdefault(ALLOW_MIXED_ENV, allow_mixed_from_env)
+
+
+def _apply_env_table() -> None:
+    when_imported(ENVS_MODULE, _register_env_variable)
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="minimax_m3_config_hook",
@@ -167,6 +244,53 @@ PATCHES: tuple[Patch, ...] = (
         ),
         detect=_detect_indexer_cache,
         apply=_apply_indexer_cache,
+    ),
+    Patch(
+        name="minimax_m3_kv_zeroing_decision",
+        why=(
+            "Defense in depth, and what makes VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 "
+            "safe: vLLM 0.33 derives needs_kv_cache_zeroing from each config's "
+            "own specs, so with a mixed-precision pool PP stages disagree "
+            "([False, True]) and the scheduler's projection says False; new "
+            "blocks are never zeroed (NaN) or a stage without a zeroer is sent "
+            "blocks to zero (HTTP 500)."
+        ),
+        how=(
+            "KVCacheConfig.needs_kv_cache_zeroing returns a decision stored on "
+            "the config when there is one, else vLLM's own computation. "
+            "get_kv_cache_configs (in the planner and as the engine core "
+            "imported it) stores, for MiniMax-M3 engines only, the OR of every "
+            "worker's full-config decision on every worker's config; the "
+            "scheduler config is a deep copy of worker 0's, so it keeps it."
+        ),
+        upstream=(
+            "Mirrors vllm-project/vllm#64472 (zeroing decided from each "
+            "worker's full config, OR-ed across workers, preserved through "
+            "generate_scheduler_kv_cache_config); extends #49623."
+        ),
+        remove_when="vLLM ships #64472 (a stored, engine-wide zeroing decision).",
+        detect=_detect_zeroing_decision,
+        apply=_apply_zeroing_decision,
+    ),
+    Patch(
+        name="minimax_m3_kv_allow_mixed_env",
+        why=(
+            "VLLM_MINIMAX_M3_KV_ALLOW_MIXED starts with VLLM_, so vLLM's "
+            "Platform.validate_environ warns that it is unknown, and with "
+            "--fail-on-environ-validation refuses to start."
+        ),
+        how=(
+            "Adds the variable to vllm.envs.environment_variables with the "
+            "plugin's own parser, so vLLM knows the name and envs.<name> reads "
+            "it as vLLM reads its own flags. Like every vLLM variable it then "
+            "counts in vLLM's torch.compile cache key (envs.compile_factors)."
+        ),
+        upstream="None: a plugin-owned variable; no upstream change awaited.",
+        remove_when=(
+            "vLLM offers plugins a way to declare their environment variables."
+        ),
+        detect=_detect_env_table,
+        apply=_apply_env_table,
     ),
 )
 

@@ -34,8 +34,17 @@ B300 = PlatformFacts(
 A100 = PlatformFacts("CUDA sm_80", "cuda")
 CPU = PlatformFacts("platform 'cpu'", "other")
 PLATFORMS = [MI355X, MI355X_NO_AITER, MI300X, B300, A100, CPU]
-KV_DTYPES = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
-INDEXER_DTYPES = ["auto", "bf16", "fp8", "fp8_e4m3", "mxfp4"]
+
+
+def _vllm_kv_cache_dtypes() -> list[str]:
+    from vllm.config.cache import KV_CACHE_DTYPES
+
+    return list(KV_CACHE_DTYPES)
+
+
+KV_DTYPES = _vllm_kv_cache_dtypes()
+INDEXER_DTYPES = ["auto", "bf16", "fp8", "fp8_e4m3", "mxfp4", "nvfp4"]
+MIXED_OK = {"allow_mixed": True}
 
 
 def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts:
@@ -62,7 +71,34 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         (facts(indexer="bf16"), Outcome.ERROR, "bf16"),
         (facts(kv="auto", indexer="fp8"), Outcome.ERROR, "fp8"),
         (facts(kv="fp8_e5m2"), Outcome.ERROR, "auto"),
+        # Every other main dtype vLLM accepts: no indexer stores it.
+        (facts(kv="int8_per_token_head"), Outcome.ERROR, "auto"),
+        (facts(kv="int4_per_token_head", indexer="bf16"), Outcome.ERROR, "bf16"),
+        (facts(kv="nvfp4"), Outcome.ERROR, "auto"),
+        (facts(kv="float16"), Outcome.ERROR, "auto"),
+        (facts(kv="auto", model_dtype="float16"), Outcome.ERROR, "auto"),
+        (facts(kv="auto", indexer="mxfp4"), Outcome.ERROR, "mxfp4"),
         (facts(kv="auto"), Outcome.UNCHANGED, "auto"),
+        (facts(kv="bfloat16", indexer="bf16"), Outcome.UNCHANGED, "bf16"),
+        # The explicit opt-in: mixed pools that can run start mixed...
+        (facts(MI355X_NO_AITER, **MIXED_OK), Outcome.MIXED, "auto"),
+        (
+            facts(indexer="bf16", tensor_parallel_size=8, **MIXED_OK),
+            Outcome.MIXED,
+            "bf16",
+        ),
+        (facts(kv="int8_per_token_head", **MIXED_OK), Outcome.MIXED, "auto"),
+        (facts(MI300X, kv="fp8_e5m2", **MIXED_OK), Outcome.MIXED, "auto"),
+        # ...where an fp8 indexer runs, auto still inherits it...
+        (facts(**MIXED_OK), Outcome.INHERITED, "fp8"),
+        # ...and what cannot run at all stays an error.
+        (facts(MI355X_NO_AITER, indexer="fp8", **MIXED_OK), Outcome.ERROR, "fp8"),
+        (facts(kv="fp8_e5m2", indexer="fp8", **MIXED_OK), Outcome.ERROR, "fp8"),
+        (facts(indexer="mxfp4", **MIXED_OK), Outcome.ERROR, "mxfp4"),
+        (facts(indexer="bf16", kv_heads_per_rank=4, **MIXED_OK), Outcome.ERROR, "bf16"),
+        (facts(kv="float16", **MIXED_OK), Outcome.ERROR, "auto"),
+        (facts(A100, **MIXED_OK), Outcome.ERROR, "auto"),  # no fp8 main cache
+        (facts(A100, kv="int8_per_token_head", **MIXED_OK), Outcome.MIXED, "auto"),
         (facts(MI300X, kv="bfloat16", indexer="bf16"), Outcome.UNCHANGED, "bf16"),
         (facts(B300, indexer_cp=True), Outcome.ERROR, "auto"),
         (
@@ -84,6 +120,38 @@ def test_table(case, outcome, indexer):
         assert repr(case.indexer_kv_dtype) in verdict.message
 
 
+def test_mixed_pool_errors_offer_the_opt_in_and_it_is_honoured():
+    refused = decide(facts(MI355X_NO_AITER))
+    opt_in = refused.fixes[-1]
+    assert dict(opt_in.env) == {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
+    assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1" in refused.message
+    mixed = decide(dataclasses.replace(facts(MI355X_NO_AITER), allow_mixed=True))
+    assert mixed.outcome is Outcome.MIXED and mixed.starts and not mixed.uniform
+    assert "zero" in mixed.reason
+    # AITER sparse PA with 4 KV heads per rank runs only the fp8 indexer: the
+    # opt-in is not enough, and the first fix says what the bf16 one needs.
+    tp1 = decide(facts(indexer="bf16", kv_heads_per_rank=4, allow_mixed=True))
+    assert dict(tp1.fixes[0].env) == {
+        "VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0",
+    }
+
+
+def test_non_bf16_main_cache_fixes_name_bf16_when_auto_is_not():
+    # --dtype float16: "auto" stores float16 and vLLM refuses a bfloat16 KV
+    # cache beside a float16 model, so the fix runs the model in bf16.
+    verdict = decide(facts(MI300X, kv="auto", model_dtype="float16"))
+    assert verdict.fixes[0].flags[:2] == (
+        ("--dtype", "bfloat16"),
+        ("--kv-cache-dtype", "auto"),
+    )
+    # vLLM rejects float16 KV beside a bf16 model by itself: no opt-in offered.
+    float16 = decide(facts(MI300X, kv="float16"))
+    assert all(
+        "VLLM_MINIMAX_M3_KV_ALLOW_MIXED" not in dict(fix.env) for fix in float16.fixes
+    )
+
+
 def test_errors_name_the_fix_for_this_hardware():
     no_aiter = decide(facts(MI355X_NO_AITER)).message
     assert "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in no_aiter
@@ -102,6 +170,8 @@ facts_space = st.builds(
     indexer_cp=st.booleans(),
     tensor_parallel_size=st.sampled_from([1, 2, 4, 8]),
     kv_heads_per_rank=st.sampled_from([1, 2, 4]),
+    model_dtype=st.sampled_from(["bfloat16", "float16"]),
+    allow_mixed=st.booleans(),
 )
 
 
@@ -115,14 +185,32 @@ def test_deterministic_and_explicit_values_are_never_changed(case):
 
 
 @given(facts_space)
-def test_fp8_on_neither_side_is_always_unchanged(case):
+def test_unchanged_exactly_when_both_caches_are_bf16(case):
     verdict = decide(case)
-    neither = not case.kv_cache_dtype.startswith("fp8") and case.indexer_kv_dtype in (
-        "auto",
-        "bf16",
-        "mxfp4",
+    main_bf16 = case.kv_cache_dtype == "bfloat16" or (
+        case.kv_cache_dtype == "auto" and case.model_dtype == "bfloat16"
     )
-    assert (verdict.outcome is Outcome.UNCHANGED) == neither
+    both_bf16 = main_bf16 and case.indexer_kv_dtype in ("auto", "bf16")
+    assert (verdict.outcome is Outcome.UNCHANGED) == both_bf16
+
+
+@given(facts_space)
+def test_mixed_only_by_opt_in_and_never_instead_of_uniform(case):
+    verdict = decide(case)
+    if verdict.outcome is Outcome.MIXED:
+        assert case.allow_mixed
+        assert case.indexer_kv_dtype in ("auto", "bf16")
+    without = decide(dataclasses.replace(case, allow_mixed=False))
+    assert without.outcome is not Outcome.MIXED
+    if without.outcome is not Outcome.ERROR:
+        assert verdict == without  # the opt-in only changes refusals
+
+
+@given(facts_space)
+def test_every_error_has_a_fix(case):
+    verdict = decide(case)
+    if verdict.outcome is Outcome.ERROR:
+        assert verdict.fixes, verdict.message
 
 
 @given(facts_space)
@@ -135,11 +223,13 @@ def test_every_uniform_verdict_is_fp8_e4m3_on_both_sides(case):
 
 def test_bf16_fallbacks_carry_what_bf16_needs_on_this_machine():
     # AITER sparse PA serves several KV heads per rank only with the fp8 indexer.
+    def both_bf16(verdict):
+        return next(f for f in verdict.fixes if f.summary.startswith("both caches"))
+
     tp1 = decide(facts(indexer="bf16", kv_heads_per_rank=4))
-    fallback = tp1.fixes[-1]
-    assert dict(fallback.env) == {"VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
+    assert dict(both_bf16(tp1).env) == {"VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
     tp8 = decide(facts(indexer="bf16", kv_heads_per_rank=1, tensor_parallel_size=8))
-    assert tp8.fixes[-1].env == ()
+    assert both_bf16(tp8).env == ()
     # Indexer CP where it cannot run: every fix turns it off.
     cuda_cp = decide(facts(B300, indexer_cp=True))
     for fix in cuda_cp.fixes:

@@ -49,15 +49,11 @@ def basic():
             {"argv": ["--target", "mi355x", "--no-such-flag"]},
             {"argv": ["--target", "mi355x", "tests/data/llama_tiny"]},
             {"argv": ["--target", "mi300x", "--dtype", "float16"]},
+            {"argv": ["--target", "mi300x", "--dtype", "bfloat16"]},
+            {"argv": ["--target", "mi355x", "--kv-cache-dtype", "int8_per_token_head"]},
             {
-                "argv": [
-                    "--target",
-                    "mi300x",
-                    "--dtype",
-                    "float16",
-                    "--kv-cache-dtype",
-                    "bfloat16",
-                ]
+                "argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"],
+                "env": {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
             },
         ]
     )
@@ -85,7 +81,9 @@ def test_public_mi355x_recipe_fails_with_the_fix(basic):
         "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1"
         in result["plan"]["message"]
     )
-    assert result["plan"]["kv_block_zeroer"] == "built"
+    # Nothing will start, so nothing is "built".
+    assert result["plan"]["kv_block_zeroer"].startswith("none: ")
+    assert "refused at startup" in result["plan"]["kv_block_zeroer"]
 
 
 def test_json_attention_config_is_parsed_like_vllm_serve(basic):
@@ -100,25 +98,43 @@ def test_usage_errors_exit_1(basic):
     assert "not a sparse MiniMax-M3" in basic[5]["stderr"]
 
 
-def test_fp8_free_mixed_precision_is_reported_with_its_fix(basic):
-    # A float16 model's "auto" main cache beside MiniMax-M3's bf16 indexer:
-    # stock vLLM builds a zeroer; the plugin leaves it, check says so.
-    mixed, fixed = basic[6], basic[7]
-    assert mixed["exit"] == 2 and not mixed["plan"]["uniform_precision"]
-    assert mixed["plan"]["outcome"] == "unchanged"
+def test_non_bf16_non_fp8_main_caches_are_refused_with_fixes(basic):
+    # A float16 model's "auto" main cache beside MiniMax-M3's bf16 indexer,
+    # and an int8 main cache: one pool, two precisions, whatever the dtype.
+    float16, fixed, int8 = basic[6], basic[7], basic[8]
+    assert float16["exit"] == 2 and float16["plan"]["outcome"] == "error"
+    assert "--dtype bfloat16 --kv-cache-dtype auto" in float16["plan"]["message"]
     assert fixed["exit"] == 0 and fixed["plan"]["uniform_precision"]
+    assert int8["exit"] == 2 and not int8["plan"]["uniform_precision"]
+    assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1" in int8["plan"]["message"]
+
+
+def test_opted_in_mixed_pool_is_reported_honestly(basic):
+    result = basic[9]
+    assert result["exit"] == 3
+    plan = result["plan"]
+    assert plan["outcome"] == "mixed" and not plan["uniform_precision"]
+    assert plan["kv_block_zeroer"].startswith("built and honoured on every worker")
+    assert plan["indexer_kv_dtype"] == "bf16"
+    assert plan["token_capacity_vs_stock"] == pytest.approx(1.0)
 
 
 # -- the check's verdict equals the live plugin's on the same hardware ----------
 
-KV = ["auto", "fp8", "fp8_e5m2"]
-INDEXER = ["auto", "bf16", "fp8"]
-ENVS = {"aiter": AITER_ON, "plain": {}}
+KV = ["auto", "fp8", "fp8_e5m2", "int8_per_token_head"]
+INDEXER = ["auto", "bf16", "fp8", "mxfp4"]
+ENVS = {
+    "aiter": AITER_ON,
+    "plain": {},
+    "mixed_ok": {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
+}
 MATRIX = [
     (target, kv, indexer, env_name)
     for target in ("mi355x", "mi300x", "b300")
     for kv, indexer in itertools.product(KV, INDEXER)
-    for env_name in (("aiter", "plain") if target != "b300" else ("plain",))
+    for env_name in (
+        ("aiter", "plain", "mixed_ok") if target != "b300" else ("plain", "mixed_ok")
+    )
 ]
 
 
@@ -137,6 +153,7 @@ def _check_outcome(result: dict) -> tuple[str, str | None]:
     plan = result["plan"]
     if plan["outcome"] == "error":
         return "error", None
+    assert result["exit"] == (3 if plan["outcome"] == "mixed" else 0)
     requested = plan["indexer_kv_dtype"]
     return "ok", "fp8" if plan["indexer_inherited"] else requested
 
@@ -187,3 +204,5 @@ def test_check_agrees_with_live_plugin(target, scenario_runner):
     }
     assert offline == live
     assert {outcome for outcome, _ in live.values()} == {"ok", "error"}
+    # The opt-in reached a mixed start that both paths agree on.
+    assert live[("int8_per_token_head/auto", "mixed_ok")] == ("ok", "bf16")

@@ -1,8 +1,8 @@
 """Hypothesis: the live config hook and ``decide()`` on a named target agree.
 
 ``python -m tests.reliability.live_agreement --platform mi355x --examples 150``
-draws flag sets (KV dtype, indexer dtype, TP, indexer CP, max_model_len,
-AITER variables) and, in this process on the simulated platform, runs
+draws flag sets (every KV dtype in vLLM's ``KV_CACHE_DTYPES``, indexer dtype,
+TP, indexer CP, max_model_len, AITER variables, the mixed-pool opt-in) and, in this process on the simulated platform, runs
 ``create_engine_config`` with the plugin loaded; the offline path (what
 ``check --target`` calls) must reach the same verdict from the same facts.
 Exits non-zero with hypothesis' falsifying example on any disagreement.
@@ -18,25 +18,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.reliability.matrix import (
+    ALLOW_MIXED,
     INDEXER_KV_DTYPES,
-    KV_CACHE_DTYPES,
     LONG_CONTEXT_ENV,
     MAX_MODEL_LENS,
+    vllm_kv_cache_dtypes,
 )
 from tests.sim import engine as sim
 from tests.sim.hardware import simulate
 
-flag_sets = st.fixed_dictionaries(
-    {
-        "kv": st.sampled_from(KV_CACHE_DTYPES),
-        "indexer": st.sampled_from(INDEXER_KV_DTYPES),
-        "tp": st.sampled_from([1, 2, 4, 8]),
-        "cp": st.booleans(),
-        "max_model_len": st.sampled_from(MAX_MODEL_LENS),
-        "aiter": st.booleans(),
-        "shuffle": st.booleans(),
-    }
-)
+
+def flag_sets() -> st.SearchStrategy[dict]:
+    """Drawn after the platform is simulated, so its own KV dtypes count."""
+    return st.fixed_dictionaries(
+        {
+            "kv": st.sampled_from(vllm_kv_cache_dtypes()),
+            "indexer": st.sampled_from(INDEXER_KV_DTYPES),
+            "tp": st.sampled_from([1, 2, 4, 8]),
+            "cp": st.booleans(),
+            "max_model_len": st.sampled_from(MAX_MODEL_LENS),
+            "aiter": st.booleans(),
+            "shuffle": st.booleans(),
+            "allow_mixed": st.booleans(),
+        }
+    )
 
 
 def live(flags: dict) -> tuple[str, object]:
@@ -93,13 +98,15 @@ def offline(flags: dict, target: str) -> tuple[str, object]:
     )
     if verdict.outcome is Outcome.ERROR:
         return "error", verdict.fixes
+    if verdict.outcome is Outcome.MIXED:
+        return "mixed", verdict.indexer_kv_dtype
     return "runs", verdict.indexer_kv_dtype
 
 
 def check_platform(platform: str, examples: int) -> dict[str, int]:
     """Outcomes seen, by kind; raises on the first disagreement."""
     simulate(platform)
-    tally = {"runs": 0, "error": 0, "vllm_error": 0}
+    tally = {"runs": 0, "mixed": 0, "error": 0, "vllm_error": 0}
 
     @settings(
         max_examples=examples,
@@ -107,19 +114,25 @@ def check_platform(platform: str, examples: int) -> dict[str, int]:
         derandomize=True,
         suppress_health_check=list(HealthCheck),
     )
-    @given(flag_sets)
+    @given(flag_sets())
     def agree(flags: dict) -> None:
+        name, value = ALLOW_MIXED
         env = {
             "VLLM_ROCM_USE_AITER": str(int(flags["aiter"])),
             "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": str(int(flags["shuffle"])),
+            name: value if flags["allow_mixed"] else None,
             **LONG_CONTEXT_ENV,
         }
         with sim.environment(env):
             seen = live(flags)
             tally[seen[0]] += 1
             if seen[0] == "vllm_error":
-                return  # vLLM refused the flags before the plugin ran
-            assert seen == offline(flags, platform), (flags, seen)
+                return  # vLLM's own validation refused the flags
+            expected = offline(flags, platform)
+            if expected[0] == "mixed":
+                tally["mixed"] += 1
+                expected = ("runs", expected[1])
+            assert seen == expected, (flags, seen)
 
     agree()
     return tally

@@ -1,17 +1,32 @@
 """The reliability matrix: every MiniMax-M3 KV configuration we promise about.
 
-One declared table (``PLATFORMS`` x the value lists below, plus the
-off-contract checkpoint cells) and one judge. A cell where either cache would
-be fp8 must end in exactly one of:
+One declared table and one judge. The table is two parts:
+
+- core: the full product of ``PLATFORMS`` x the core KV dtypes x indexer
+  dtypes x TP x PP x MTP x indexer CP x max_model_len (plus the off-contract
+  checkpoint cells), with the mixed-pool opt-in unset;
+- extension (``covering``): the full product of platform x every KV dtype in
+  vLLM's own ``KV_CACHE_DTYPES`` (read at run time, so a dtype a platform
+  registers is judged too) x indexer dtype x opt-in, each crossed with a
+  pairwise covering design over TP, PP, MTP, indexer CP and max_model_len
+  (every pair of their values appears; ``covering.py``). The core's
+  KV-dtype x opt-in-unset combinations are not repeated.
+
+Every cell whose two caches are not both bf16 must end in exactly one of:
 
 - ``uniform``: ``create_engine_config`` succeeds, the real model (and MTP
   drafter) builds on the meta device at the cell's TP, and vLLM's planner
   says no zeroing on any worker or the scheduler, at the cell's PP;
+- ``mixed`` (only with ``VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1``): it builds and
+  the planner says zeroing on every worker and the scheduler;
 - ``plugin_error``: a ``ValueError`` from the plugin at config time whose
   every fix, parsed back out of the message text and applied to the cell,
-  gives a cell that starts (uniform, or the named bf16 fallback).
+  gives a cell that starts (uniform, or mixed with the opt-in);
+- ``vllm_config_error``: vLLM's own config validation refused the input;
+- ``simulation_limit``: a KV dtype declared in ``SIMULATION_LIMITS`` whose
+  model cannot be built on the CPU simulation (reason stated there).
 
-Cells with fp8 on neither side must behave exactly as without the plugin.
+Cells with both caches bf16 must behave exactly as without the plugin.
 
 ``python -m tests.reliability.matrix --platform mi355x-aiter-spa --out f.json``
 runs one platform's cells in this process (vLLM fixes its platform once per
@@ -30,6 +45,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tests.reliability.covering import pairwise_rows
 from tests.sim import engine as sim
 from tests.sim.hardware import simulate
 
@@ -49,6 +65,7 @@ PLATFORMS: dict[str, tuple[str, dict[str, str]]] = {
     "sm80": ("a100", {}),  # CUDA without fp8: the one GPU no fp8 indexer runs on
 }
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+"""The core KV dtypes, crossed with everything; the rest come from vLLM."""
 INDEXER_KV_DTYPES = (None, "auto", "bf16", "fp8", "fp8_e4m3", "mxfp4")  # None: unset
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 PIPELINE_PARALLEL_SIZES = (1, 2)
@@ -67,7 +84,64 @@ OFF_CONTRACT_PLATFORMS = ("mi355x-aiter-spa",)
 KV_MEMORY_BYTES = 64 << 30
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
 LONG_CONTEXT_ENV = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
-FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2")
+ALLOW_MIXED = ("VLLM_MINIMAX_M3_KV_ALLOW_MIXED", "1")
+BF16_ONLY_KV = ("auto", "bfloat16")  # the tiny checkpoint is bf16
+BF16_ONLY_INDEXER = (None, "auto", "bf16")
+
+SHAPE_AXES: dict[str, tuple[Any, ...]] = {
+    "tensor_parallel_size": TENSOR_PARALLEL_SIZES,
+    "pipeline_parallel_size": PIPELINE_PARALLEL_SIZES,
+    "speculative": SPECULATIVE,
+    "indexer_cp": INDEXER_CP,
+    "max_model_len": MAX_MODEL_LENS,
+}
+SHAPE_ROWS = pairwise_rows(SHAPE_AXES)
+"""The extension's covering design over the shape axes (8 rows)."""
+
+_UNSUPPORTED_BY_SIM_BACKEND = (
+    "TRITON_ATTN, the attention backend the simulation pins (backend "
+    "auto-selection imports GPU kernels), does not store this dtype; on a GPU "
+    "vLLM would select another backend"
+)
+_NEEDS_GPU_TRITON = (
+    "its attention layer builds Triton kernels at model build, and vLLM's CPU "
+    "Triton placeholder lacks them (tl.bfloat16)"
+)
+SIMULATION_LIMITS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "fp8_inc",
+            "fp8_ds_mla",
+            "nvfp4_ds_mla",
+            "octave_k3v4",
+            "octave_k3v3",
+            "octave_k3v3_compact",
+            "nvfp4",
+            "nvfp4_4over6",
+        ),
+        _UNSUPPORTED_BY_SIM_BACKEND,
+    ),
+    **dict.fromkeys(
+        (
+            "turboquant_k8v4",
+            "turboquant_4bit_nc",
+            "turboquant_k3v4_nc",
+            "turboquant_3bit_nc",
+            "ultraquant_4bit",
+        ),
+        _NEEDS_GPU_TRITON,
+    ),
+}
+"""KV dtypes whose model cannot be built here, and why: only a cell that
+reaches model build (the opt-in accepted its mixed pool) is affected, and it is
+counted as a simulation limit, never as a start."""
+
+
+def vllm_kv_cache_dtypes() -> tuple[str, ...]:
+    """vLLM's ``KV_CACHE_DTYPES``, read now (platforms append to it)."""
+    from vllm.config.cache import KV_CACHE_DTYPES as VLLM_KV_CACHE_DTYPES
+
+    return tuple(VLLM_KV_CACHE_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -101,8 +175,16 @@ class Cell:
         return "/".join(parts)
 
     @property
-    def has_fp8(self) -> bool:
-        return self.kv_cache_dtype in FP8 or self.indexer_kv_dtype in FP8
+    def bf16_only(self) -> bool:
+        """Both caches bf16: the plugin must leave these exactly as stock."""
+        return (
+            self.kv_cache_dtype in BF16_ONLY_KV
+            and self.indexer_kv_dtype in BF16_ONLY_INDEXER
+        )
+
+    @property
+    def allow_mixed(self) -> bool:
+        return ALLOW_MIXED in self.env
 
     def engine(self) -> dict[str, Any]:
         attention: dict[str, Any] = {"minimax_m3_indexer_cp": self.indexer_cp}
@@ -146,6 +228,21 @@ def cells(platform: str) -> list[Cell]:
             for kv, indexer, tp in itertools.product(
                 KV_CACHE_DTYPES, INDEXER_KV_DTYPES, (1, 8)
             )
+        ]
+    return table + extension_cells(platform)
+
+
+def extension_cells(platform: str) -> list[Cell]:
+    """Every vLLM KV dtype x indexer x opt-in, over the shape covering design."""
+    table = []
+    for kv, opt_in in itertools.product(vllm_kv_cache_dtypes(), (False, True)):
+        if kv in KV_CACHE_DTYPES and not opt_in:
+            continue  # the core product has these
+        env = (ALLOW_MIXED,) if opt_in else ()
+        table += [
+            Cell(platform, kv, indexer, **row, env=env)
+            for indexer in INDEXER_KV_DTYPES
+            for row in SHAPE_ROWS
         ]
     return table
 
@@ -281,13 +378,46 @@ def starts(result: dict[str, Any]) -> bool:
     )
 
 
+def starts_mixed(result: dict[str, Any]) -> bool:
+    """Built and planned mixed, with every worker and the scheduler zeroing."""
+    plan = result.get("plan")
+    return (
+        plan is not None
+        and any(plan["worker_mixed"])
+        and all(plan["workers"])
+        and plan["scheduler"]
+    )
+
+
+def start_outcome(cell: Cell, result: dict[str, Any]) -> str | None:
+    """How a cell that passed config starts: uniform, mixed, a declared
+    simulation limit, or None (it does not start as promised)."""
+    if starts(result):
+        return "uniform"
+    if cell.allow_mixed and starts_mixed(result):
+        return "mixed"
+    build_error = result.get("build_error")
+    if (
+        build_error is not None
+        and not build_error["from_plugin"]
+        and cell.kv_cache_dtype in SIMULATION_LIMITS
+    ):
+        return "simulation_limit"
+    return None
+
+
 def judge(cell: Cell, result: dict[str, Any]) -> dict[str, Any]:
-    """An fp8 cell's verdict: uniform, plugin_error (fixes checked) or defect."""
+    """A judged cell's verdict (see the module docstring), or defect."""
     error = result.get("config_error")
     if error is None:
-        if starts(result):
-            return {"outcome": "uniform"}
-        return {"outcome": "defect", "why": "did not start uniform", "result": result}
+        outcome = start_outcome(cell, result)
+        if outcome is not None:
+            return {"outcome": outcome}
+        return {
+            "outcome": "defect",
+            "why": "did not start as promised",
+            "result": result,
+        }
     if not error["from_plugin"]:
         if error["type"] == "ValueError":
             # vLLM's own config validation refused the input before the plugin
@@ -305,7 +435,7 @@ def judge(cell: Cell, result: dict[str, Any]) -> dict[str, Any]:
     for fix in fixes:
         fixed = apply_fix(cell, fix)
         after = run_cell(fixed)
-        if not starts(after):
+        if "config_error" in after or start_outcome(fixed, after) is None:
             return {
                 "outcome": "defect",
                 "why": f"fix {fix} does not start",
@@ -332,7 +462,7 @@ def comparable(result: dict[str, Any]) -> dict[str, Any]:
 
 def run_platform(
     platform: str,
-    fp8_free_only: bool = False,
+    bf16_only: bool = False,
     drop_rule: str | None = None,
     stop_at_defect: bool = False,
     where: dict[str, str] | None = None,
@@ -344,16 +474,16 @@ def run_platform(
         _drop_rule(drop_rule)
     records = []
     for cell in cells(platform):
-        if fp8_free_only and cell.has_fp8:
+        if bf16_only and not cell.bf16_only:
             continue
         if any(str(getattr(cell, k)) != v for k, v in (where or {}).items()):
             continue
         result = run_cell(cell)
         record: dict[str, Any] = {"cell": asdict(cell), "id": cell.id}
-        if cell.has_fp8:
-            record["verdict"] = judge(cell, result)
-        else:
+        if cell.bf16_only:
             record["result"] = comparable(result)
+        else:
+            record["verdict"] = judge(cell, result)
         records.append(record)
         if stop_at_defect and record.get("verdict", {}).get("outcome") == "defect":
             break
@@ -378,7 +508,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--platform", choices=sorted(PLATFORMS), required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--fp8-free-only", action="store_true")
+    parser.add_argument("--bf16-only", action="store_true")
     parser.add_argument("--drop-rule")
     parser.add_argument("--stop-at-defect", action="store_true")
     parser.add_argument(
@@ -391,7 +521,7 @@ def main() -> None:
     options = parser.parse_args()
     records = run_platform(
         options.platform,
-        fp8_free_only=options.fp8_free_only,
+        bf16_only=options.bf16_only,
         drop_rule=options.drop_rule,
         stop_at_defect=options.stop_at_defect,
         where=dict(item.split("=", 1) for item in options.where),

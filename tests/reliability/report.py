@@ -1,7 +1,7 @@
 """Run the whole reliability matrix and count its outcomes.
 
 ``python -m tests.reliability.report [--json]`` runs every platform's cells
-with the plugin, and the fp8-free cells again without it, two child processes
+with the plugin, and the bf16-only cells again without it, two child processes
 at a time; the README's "Reliability" table is its output.
 """
 
@@ -27,14 +27,14 @@ def run_child(platform: str, *args: str, env: dict[str, str] | None = None) -> l
 
 
 def run_matrix(workers: int = 2) -> dict[str, dict[str, list]]:
-    """Per platform: records with the plugin, and fp8-free records without it."""
+    """Per platform: records with the plugin, and bf16-only records without it."""
     jobs = [(p, "plugin") for p in PLATFORMS] + [(p, "stock") for p in PLATFORMS]
 
     def run(job: tuple[str, str]) -> list:
         platform, kind = job
         if kind == "plugin":
             return run_child(platform)
-        return run_child(platform, "--fp8-free-only", env=WITHOUT_PLUGIN)
+        return run_child(platform, "--bf16-only", env=WITHOUT_PLUGIN)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(run, jobs))
@@ -44,7 +44,7 @@ def run_matrix(workers: int = 2) -> dict[str, dict[str, list]]:
     return dict(runs)
 
 
-def fp8_free_mismatches(plugin: list, stock: list) -> list[str]:
+def bf16_only_mismatches(plugin: list, stock: list) -> list[str]:
     stock_by_id = {record["id"]: record["result"] for record in stock}
     return [
         record["id"]
@@ -61,17 +61,19 @@ def count(runs: dict[str, dict[str, list]]) -> dict[str, Any]:
             for record in kinds["plugin"]
             if "verdict" in record
         )
-        free = [record for record in kinds["plugin"] if "result" in record]
+        bf16_only = [record for record in kinds["plugin"] if "result" in record]
         rows[platform] = {
             "cells": len(kinds["plugin"]),
-            "fp8_cells": sum(outcomes.values()),
+            "judged_cells": sum(outcomes.values()),
             "uniform": outcomes["uniform"],
+            "mixed": outcomes["mixed"],
             "plugin_error": outcomes["plugin_error"],
             "vllm_config_error": outcomes["vllm_config_error"],
+            "simulation_limit": outcomes["simulation_limit"],
             "defect": outcomes["defect"],
-            "fp8_free_cells": len(free),
-            "fp8_free_differ_from_stock": len(
-                fp8_free_mismatches(kinds["plugin"], kinds["stock"])
+            "bf16_only_cells": len(bf16_only),
+            "bf16_only_differ_from_stock": len(
+                bf16_only_mismatches(kinds["plugin"], kinds["stock"])
             ),
         }
     rows["total"] = {
@@ -84,23 +86,27 @@ def render(rows: dict[str, Any]) -> str:
     headers = [
         "platform",
         "cells",
-        "fp8 cells",
+        "judged (not both bf16)",
         "start uniform",
+        "start mixed, opted in, all zero",
         "plugin error, fixes start",
         "vLLM rejects input",
+        "simulation limit",
         "other",
-        "fp8-free cells",
-        "fp8-free differ from stock",
+        "bf16-only cells",
+        "bf16-only differ from stock",
     ]
     keys = [
         "cells",
-        "fp8_cells",
+        "judged_cells",
         "uniform",
+        "mixed",
         "plugin_error",
         "vllm_config_error",
+        "simulation_limit",
         "defect",
-        "fp8_free_cells",
-        "fp8_free_differ_from_stock",
+        "bf16_only_cells",
+        "bf16_only_differ_from_stock",
     ]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for platform, row in rows.items():

@@ -13,7 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.reliability.matrix import PLATFORMS, Cell, apply_fix, parse_fixes
-from tests.reliability.report import count, fp8_free_mismatches, run_child, run_matrix
+from tests.reliability.report import (
+    bf16_only_mismatches,
+    count,
+    run_child,
+    run_matrix,
+)
 from tests.sim.process import json_from_stdout
 from vllm_minimax_m3_kv.config import indexer_precision as policy
 
@@ -29,7 +34,8 @@ RULE_WITNESSES: dict[str, tuple[str, ...]] = {
     "needs_fp8_capable_gpu": ("sm80", "kv_cache_dtype=fp8"),
     "fp8_indexer_must_run_here": ("mi355x", "indexer_kv_dtype=fp8"),
     "fp8_indexer_needs_e4m3_main": ("sm100", "indexer_kv_dtype=fp8"),
-    "fp8_main_needs_e4m3": ("sm100", "kv_cache_dtype=fp8_e5m2"),
+    "indexer_stores_bf16_or_fp8": ("sm100", "indexer_kv_dtype=mxfp4"),
+    "main_cache_matches_an_indexer": ("sm100", "kv_cache_dtype=int8_per_token_head"),
     "auto_indexer_needs_an_fp8_indexer": ("mi355x", "kv_cache_dtype=fp8"),
     "explicit_indexer_matches_fp8_main": ("sm100", "indexer_kv_dtype=bf16"),
 }
@@ -57,17 +63,27 @@ def test_every_fp8_cell_starts_uniform_or_fails_at_config_with_working_fixes(
     assert total["defect"] == 0
     # Outcomes the table promises, not an empty or one-sided matrix.
     assert total["uniform"] > 0 and total["plugin_error"] > 0
-    assert total["fp8_cells"] == (
-        total["uniform"] + total["plugin_error"] + total["vllm_config_error"]
+    assert total["judged_cells"] == sum(
+        total[key]
+        for key in (
+            "uniform",
+            "mixed",
+            "plugin_error",
+            "vllm_config_error",
+            "simulation_limit",
+        )
     )
     for platform in ("mi355x-aiter-spa", "sm100", "sm90"):
         assert rows[platform]["uniform"] > 0, platform
+    # The opt-in starts mixed pools, zeroed everywhere, on every platform.
+    for platform in PLATFORMS:
+        assert rows[platform]["mixed"] > 0, platform
 
 
-def test_fp8_free_cells_behave_as_stock_vllm(matrix):
+def test_bf16_only_cells_behave_as_stock_vllm(matrix):
     for platform, kinds in matrix.items():
-        assert len(kinds["stock"]) == count(matrix)[platform]["fp8_free_cells"]
-        mismatches = fp8_free_mismatches(kinds["plugin"], kinds["stock"])
+        assert len(kinds["stock"]) == count(matrix)[platform]["bf16_only_cells"]
+        mismatches = bf16_only_mismatches(kinds["plugin"], kinds["stock"])
         assert not mismatches, (platform, mismatches[:5])
 
 
@@ -120,7 +136,7 @@ def test_removing_any_single_rule_makes_a_cell_fail():
 @pytest.mark.parametrize("platform", ["mi355x", "mi300x", "b300", "h200", "a100"])
 def test_live_hook_agrees_with_offline_decision(platform):
     argv = ["-m", "tests.reliability.live_agreement", "--platform", platform]
-    tally = json_from_stdout([*argv, "--examples", "120"])
-    assert tally["error"] > 0, tally
+    tally = json_from_stdout([*argv, "--examples", "150"])
+    assert tally["error"] > 0 and tally["mixed"] > 0, tally
     if platform in ("mi355x", "b300", "h200"):
-        assert tally["runs"] > 0, tally
+        assert tally["runs"] > tally["mixed"], tally

@@ -20,6 +20,9 @@ from tests.sim.hardware import refresh_rocm_env
 
 REPO = Path(__file__).parents[2]
 TINY_MODEL = str(REPO / "tests" / "data" / "minimax_m3_tiny")
+# The same model with its two sparse layers first, in PP stage 0 of 2.
+TINY_MODEL_SPARSE_FIRST = str(REPO / "tests" / "data" / "minimax_m3_tiny_sparse_first")
+TINY_LLAMA = str(REPO / "tests" / "data" / "llama_tiny")
 BUNDLED_MODEL = str(REPO / "vllm_minimax_m3_kv" / "data" / "minimax_m3")
 KV_MEMORY_BYTES = 8 << 30
 # What the MI355X recipe sets; backend discovery would import GPU kernels.
@@ -168,19 +171,24 @@ def build_model(vllm_config: Any, bind_indexer: bool = False) -> BuiltModel:
     from vllm.v1.kv_cache_interface import AttentionSpec
     from vllm.v1.worker.utils import customize_attention_spec
 
+    from vllm_minimax_m3_kv.config.facts import is_minimax_m3
+
     # The shared-experts side stream needs a GPU; nothing here runs on it.
     shared.aux_stream = lambda: None
     with set_current_vllm_config(vllm_config):
         _init_distributed(vllm_config.parallel_config.tensor_parallel_size)
         with torch.device("meta"):
-            # The language model, built as the published VL checkpoint's
-            # wrapper builds it (the vision tower holds no KV cache).
-            model = init_vllm_registered_model(
-                vllm_config=vllm_config,
-                hf_config=vllm_config.model_config.hf_text_config,
-                prefix="language_model",
-                architectures=["MiniMaxM3SparseForCausalLM"],
-            )
+            if is_minimax_m3(vllm_config.model_config):
+                # The language model, built as the published VL checkpoint's
+                # wrapper builds it (the vision tower holds no KV cache).
+                model = init_vllm_registered_model(
+                    vllm_config=vllm_config,
+                    hf_config=vllm_config.model_config.hf_text_config,
+                    prefix="language_model",
+                    architectures=["MiniMaxM3SparseForCausalLM"],
+                )
+            else:  # another model (the tiny Llama), built as it is served
+                model = init_vllm_registered_model(vllm_config=vllm_config)
     target_layers = set(get_layers_from_vllm_config(vllm_config, AttentionLayerBase))
     speculative = vllm_config.speculative_config
     selected = _impl_names(model)

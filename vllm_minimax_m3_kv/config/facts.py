@@ -8,9 +8,11 @@ objects in both cases, through :func:`precision_facts`.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
+    ALLOW_MIXED_ENV,
     PlatformFacts,
     PrecisionFacts,
     SparseShape,
@@ -92,6 +94,27 @@ def live_platform_facts() -> PlatformFacts:
     )
 
 
+def allow_mixed_from_env() -> bool:
+    """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED``, parsed as vLLM parses its own flags.
+
+    Also registered in ``vllm.envs.environment_variables`` (see patches.py),
+    so ``vllm.envs`` reads it through this same function.
+    """
+    value = os.getenv(ALLOW_MIXED_ENV, "0")
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise ValueError(
+            f"{ALLOW_MIXED_ENV}={value!r} is not an integer: set "
+            f"{ALLOW_MIXED_ENV}=1 to accept a mixed MiniMax-M3 KV pool, or unset it."
+        ) from None
+
+
+def model_dtype_name(model_config: ModelConfig) -> str:
+    """``--dtype`` as vLLM resolved it, e.g. ``"bfloat16"``."""
+    return str(model_config.dtype).removeprefix("torch.")
+
+
 def is_minimax_m3(model_config: ModelConfig | None) -> bool:
     return (
         model_config is not None
@@ -135,4 +158,6 @@ def precision_facts(
             // tensor_parallel_size,
         ),
         indexer_cp=bool(attention_config.minimax_m3_indexer_cp),
+        model_dtype=model_dtype_name(model_config),
+        allow_mixed=allow_mixed_from_env(),
     )

@@ -1,8 +1,11 @@
-"""MiniMax-M3 indexer-cache precision: the policy, as one pure function.
+"""MiniMax-M3 KV pool precision: the policy, as one pure function.
 
+The question, for every main KV cache dtype vLLM accepts: will the two caches
+of a MiniMax-M3 pool (main K/V and the sparse indexer's K) have one precision?
 Facts in (platform, flags, model shape, parallelism), verdict out (the indexer
 dtype to run with, or why the two caches cannot share one precision and how to
-fix it). Nothing here imports vLLM: the live config hook and the offline
+fix it; or, with the operator's explicit opt-in, a mixed pool that vLLM then
+zeroes safely). Nothing here imports vLLM: the live config hook and the offline
 ``check`` command both gather facts and call :func:`decide`, so they cannot
 disagree.
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 # KV cache dtypes whose bytes are fp8 e4m3, the format every fp8 indexer stores.
@@ -33,6 +36,9 @@ FP8_E4M3_KV_CACHE_DTYPES = frozenset({"fp8", "fp8_e4m3"})
 FP8_INDEXER_DTYPES = frozenset({"fp8", "fp8_e4m3"})
 # vLLM resolves "auto" to this for MiniMax-M3 (``resolve_indexer_kv_dtype``).
 STOCK_INDEXER_DEFAULT = "bf16"
+# The only dtypes vLLM 0.33's MiniMaxM3IndexerCache stores: bf16 and fp8 e4m3.
+BF16_INDEXER_DTYPES = frozenset({"auto", "bf16"})
+BF16 = "bfloat16"
 
 # Shape contract of the AITER MSA indexer (vLLM 0.33 ``indexer_msa.py``).
 MSA_TOPK_BLOCKS = 16
@@ -48,6 +54,10 @@ KV_CACHE_DTYPE_FLAG = "--kv-cache-dtype"
 INDEXER_KV_DTYPE_FLAG = "--attention-config.indexer_kv_dtype"
 INDEXER_CP_FLAG = "--attention-config.minimax_m3_indexer_cp"
 MAX_MODEL_LEN_FLAG = "--max-model-len"
+DTYPE_FLAG = "--dtype"
+ALLOW_MIXED_ENV = "VLLM_MINIMAX_M3_KV_ALLOW_MIXED"
+"""The operator's explicit opt-in to a mixed pool (fp8 or other main cache
+beside a bf16 indexer), which then runs with zeroing on every worker."""
 
 
 @dataclass(frozen=True)
@@ -98,15 +108,32 @@ class PrecisionFacts:
     """The main cache's KV heads on one TP rank (vLLM replicates below one)."""
     indexer_cp: bool = False
     """``attention_config.minimax_m3_indexer_cp``."""
+    model_dtype: str = BF16
+    """The model's dtype (``--dtype`` resolved): what ``--kv-cache-dtype auto``
+    stores in the main cache."""
+    allow_mixed: bool = False
+    """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED`` as the plugin reads it."""
+
+    @property
+    def main_cache_precision(self) -> str:
+        """The main cache's precision: ``auto`` resolved to the model dtype."""
+        if self.kv_cache_dtype == "auto":
+            return self.model_dtype
+        if self.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
+            return "fp8_e4m3"
+        return self.kv_cache_dtype
 
 
 class Outcome(enum.Enum):
     UNCHANGED = "unchanged"
-    """fp8 on neither side: vLLM's behaviour, untouched."""
+    """Both caches bf16: vLLM's behaviour, untouched."""
     INHERITED = "inherited"
     """``auto`` indexer resolved to fp8 from the fp8 KV cache."""
     UNIFORM = "uniform"
     """Both sides already fp8 e4m3 as the user set them."""
+    MIXED = "mixed"
+    """Two precisions, accepted by the operator's explicit opt-in; every
+    worker and the scheduler zero new blocks."""
     ERROR = "error"
 
 
@@ -139,6 +166,10 @@ class Verdict:
     @property
     def uniform(self) -> bool:
         return self.outcome in (Outcome.INHERITED, Outcome.UNIFORM)
+
+    @property
+    def starts(self) -> bool:
+        return self.outcome is not Outcome.ERROR
 
     @property
     def message(self) -> str:
@@ -320,8 +351,11 @@ def _fp8_fix(blockers: list[_Blocker], *flags: tuple[str, str]) -> Fix | None:
     )
 
 
-def _bf16_fix(facts: PrecisionFacts, summary: str, *flags: tuple[str, str]) -> Fix:
-    """A bf16 fallback, with what else this config needs to start on bf16."""
+def _bf16_indexer_needs(
+    facts: PrecisionFacts,
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """Flags and env the bf16 indexer needs to start in this config."""
+    flags: tuple[tuple[str, str], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     cp = _indexer_cp_needs_rocm_tp(facts)
     if cp is not None:
@@ -330,15 +364,55 @@ def _bf16_fix(facts: PrecisionFacts, summary: str, *flags: tuple[str, str]) -> F
         # minimax_m3_use_aiter_sparse_pa: with more than one KV head per rank
         # AITER sparse PA needs the fp8 (MSA) indexer; bf16 runs without it.
         env = ((SHUFFLE_KV_ENV, "0"),)
-    return Fix(summary, flags=flags, env=env)
+    return flags, env
+
+
+def _bf16_fix(facts: PrecisionFacts, summary: str, *flags: tuple[str, str]) -> Fix:
+    """A bf16-indexer fallback, with what else it needs on this machine."""
+    more_flags, env = _bf16_indexer_needs(facts)
+    return Fix(summary, flags=flags + more_flags, env=env)
+
+
+def _bf16_main_flags(facts: PrecisionFacts) -> tuple[tuple[str, str], ...]:
+    # "auto" stores the model dtype, and vLLM refuses a float KV dtype other
+    # than the model's: a non-bf16 model must itself run bf16.
+    main = ((KV_CACHE_DTYPE_FLAG, "auto"),)
+    return main if facts.model_dtype == BF16 else ((DTYPE_FLAG, BF16), *main)
 
 
 def _both_bf16_fix(facts: PrecisionFacts) -> Fix:
     return _bf16_fix(
         facts,
         "both caches bf16, stock vLLM",
-        (KV_CACHE_DTYPE_FLAG, "auto"),
+        *_bf16_main_flags(facts),
         (INDEXER_KV_DTYPE_FLAG, "auto"),
+    )
+
+
+def _main_cache_runs_here(facts: PrecisionFacts) -> bool:
+    """Whether vLLM would run this main cache at all (beside a bf16 indexer)."""
+    kv, platform = facts.kv_cache_dtype, facts.platform
+    if kv in ("float16", BF16):
+        # VllmConfig._reject_mismatched_float_kv_cache: an explicit float KV
+        # cache must equal the model dtype.
+        return kv == facts.model_dtype
+    # TritonAttentionImpl: an fp8 KV cache needs native fp8 (SM89+) on CUDA.
+    return not (
+        kv.startswith("fp8")
+        and platform.vendor == "cuda"
+        and not platform.cuda_supports_fp8
+    )
+
+
+def _mixed_fix(facts: PrecisionFacts) -> Fix | None:
+    """The explicit opt-in: keep this main cache beside a bf16 indexer."""
+    if not _main_cache_runs_here(facts):
+        return None
+    flags, env = _bf16_indexer_needs(facts)
+    return Fix(
+        "accept a mixed pool: every worker zeroes new blocks",
+        flags=flags,
+        env=((ALLOW_MIXED_ENV, "1"), *env),
     )
 
 
@@ -382,20 +456,41 @@ def _fp8_indexer_needs_e4m3_main(
     )
 
 
-def _fp8_main_needs_e4m3(
+def _indexer_stores_bf16_or_fp8(
     facts: PrecisionFacts, blockers: list[_Blocker]
 ) -> Verdict | None:
-    kv = facts.kv_cache_dtype
-    if _is_fp8_indexer(facts) or kv in FP8_E4M3_KV_CACHE_DTYPES:
+    # MiniMaxM3IndexerCache raises NotImplementedError at model build for
+    # anything else (mxfp4, nvfp4): no main cache can match it.
+    indexer = facts.indexer_kv_dtype
+    if indexer in BF16_INDEXER_DTYPES or _is_fp8_indexer(facts):
+        return None
+    keep_fp8 = None
+    if facts.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
+        keep_fp8 = _fp8_fix(blockers, (INDEXER_KV_DTYPE_FLAG, "fp8"))
+    return _error(
+        facts,
+        f"the MiniMax-M3 indexer cache stores only bf16 or fp8 e4m3, not {indexer}",
+        keep_fp8,
+        _both_bf16_fix(facts),
+    )
+
+
+def _main_cache_matches_an_indexer(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    main = facts.main_cache_precision
+    if main in (BF16, "fp8_e4m3"):
         return None
     return _error(
         facts,
-        "every MiniMax-M3 fp8 indexer stores e4m3, so no indexer can share "
-        f"the precision of a {kv} main cache",
+        f"the main cache would be {main} and the indexer cache bf16: MiniMax-M3 "
+        "indexers store only bf16 or fp8 e4m3, so no indexer shares this "
+        "precision; " + _MIXED_POOL,
         _fp8_fix(
             blockers, (KV_CACHE_DTYPE_FLAG, "fp8"), (INDEXER_KV_DTYPE_FLAG, "fp8")
         ),
         _both_bf16_fix(facts),
+        _mixed_fix(facts),
     )
 
 
@@ -409,7 +504,8 @@ def _auto_indexer_needs_an_fp8_indexer(
         f"the indexer would stay bf16 beside the fp8 main cache, because "
         f"{_why(blockers)}; " + _MIXED_POOL,
         _fp8_fix(blockers),
-        _bf16_fix(facts, "main cache bf16", (KV_CACHE_DTYPE_FLAG, "auto")),
+        _bf16_fix(facts, "main cache bf16", *_bf16_main_flags(facts)),
+        _mixed_fix(facts),
     )
 
 
@@ -424,6 +520,7 @@ def _explicit_indexer_matches_fp8_main(
         f"an explicit {indexer} indexer beside an fp8 main cache means " + _MIXED_POOL,
         _fp8_fix(blockers, (INDEXER_KV_DTYPE_FLAG, "fp8")),
         _both_bf16_fix(facts),
+        _mixed_fix(facts),
     )
 
 
@@ -433,20 +530,56 @@ class PairingRule:
 
     name: str
     check: Callable[[PrecisionFacts, list[_Blocker]], Verdict | None]
+    mixed_pool_runs: bool = False
+    """The pool would be mixed but can run: the explicit opt-in accepts it."""
 
 
 PAIRING_RULES: tuple[PairingRule, ...] = (
     PairingRule("fp8_indexer_must_run_here", _fp8_indexer_must_run_here),
     PairingRule("fp8_indexer_needs_e4m3_main", _fp8_indexer_needs_e4m3_main),
-    PairingRule("fp8_main_needs_e4m3", _fp8_main_needs_e4m3),
+    PairingRule("indexer_stores_bf16_or_fp8", _indexer_stores_bf16_or_fp8),
     PairingRule(
-        "auto_indexer_needs_an_fp8_indexer", _auto_indexer_needs_an_fp8_indexer
+        "main_cache_matches_an_indexer",
+        _main_cache_matches_an_indexer,
+        mixed_pool_runs=True,
     ),
     PairingRule(
-        "explicit_indexer_matches_fp8_main", _explicit_indexer_matches_fp8_main
+        "auto_indexer_needs_an_fp8_indexer",
+        _auto_indexer_needs_an_fp8_indexer,
+        mixed_pool_runs=True,
+    ),
+    PairingRule(
+        "explicit_indexer_matches_fp8_main",
+        _explicit_indexer_matches_fp8_main,
+        mixed_pool_runs=True,
     ),
 )
-"""Checked in order once either cache is fp8; the first that objects decides."""
+"""Checked in order unless both caches are bf16; the first that objects decides."""
+
+
+def _accept_mixed(facts: PrecisionFacts, refusal: Verdict) -> Verdict:
+    """The opt-in's verdict: run mixed, unless the bf16 indexer cannot start."""
+    flags, env = _bf16_indexer_needs(facts)
+    if flags or env:
+        blocked = _mixed_fix(facts)
+        assert blocked is not None
+        return replace(
+            refusal,
+            reason=refusal.reason.rstrip(".")
+            + f"; {ALLOW_MIXED_ENV}=1 keeps the bf16 indexer, which needs "
+            + " ".join([f"{k}={v}" for k, v in env] + [f"{f} {v}" for f, v in flags])
+            + " here.",
+            fixes=(blocked, *(f for f in refusal.fixes if f != blocked)),
+        )
+    main = facts.main_cache_precision
+    return Verdict(
+        Outcome.MIXED,
+        facts.indexer_kv_dtype,
+        f"mixed KV pool by {ALLOW_MIXED_ENV}=1: main cache {main}, indexer cache "
+        f"bf16 on {facts.platform.name}. Every worker and the scheduler zero "
+        "each newly allocated block before use (one device memset per block), "
+        "and the bf16 index keys take twice the bytes of fp8 ones",
+    )
 
 
 def decide(facts: PrecisionFacts) -> Verdict:
@@ -454,23 +587,26 @@ def decide(facts: PrecisionFacts) -> Verdict:
 
     Never changes an explicit indexer dtype: only ``auto`` is resolved.
     """
-    kv, indexer = facts.kv_cache_dtype, facts.indexer_kv_dtype
-    if not kv.startswith("fp8") and not _is_fp8_indexer(facts):
-        return Verdict(Outcome.UNCHANGED, indexer, "fp8 on neither cache")
+    indexer = facts.indexer_kv_dtype
+    if facts.main_cache_precision == BF16 and indexer in BF16_INDEXER_DTYPES:
+        return Verdict(Outcome.UNCHANGED, indexer, "both caches bf16")
     blockers = _blockers(facts)
     for rule in PAIRING_RULES:
         verdict = rule.check(facts, blockers)
-        if verdict is not None:
-            return verdict
+        if verdict is None:
+            continue
+        if rule.mixed_pool_runs and facts.allow_mixed and _main_cache_runs_here(facts):
+            return _accept_mixed(facts, verdict)
+        return verdict
     if _is_fp8_indexer(facts):
         return Verdict(Outcome.UNIFORM, indexer, "both caches fp8 e4m3 as set")
     if indexer == "auto":
         return Verdict(
             Outcome.INHERITED,
             "fp8",
-            f"inherited from {KV_CACHE_DTYPE_FLAG} {kv}: an fp8 indexer runs "
-            f"on {facts.platform.name}, so both caches share fp8 e4m3 and "
-            "vLLM builds no KV block zeroer",
+            f"inherited from {KV_CACHE_DTYPE_FLAG} {facts.kv_cache_dtype}: an fp8 "
+            f"indexer runs on {facts.platform.name}, so both caches share fp8 "
+            "e4m3 and vLLM builds no KV block zeroer",
         )
     # Reached only if a pairing rule above is taken out: leave the request be.
     return Verdict(Outcome.UNCHANGED, indexer, "left as requested")

@@ -42,7 +42,11 @@ def kv_bytes_per_token(
     """Bytes one token occupies on one rank, across all layers."""
     import torch
     from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        get_kv_quant_mode,
+    )
 
     text = model_config.hf_text_config
     main = FullAttentionSpec(
@@ -50,6 +54,8 @@ def kv_bytes_per_token(
         num_kv_heads=max(1, text.num_key_value_heads // tensor_parallel_size),
         head_size=text.head_dim,
         dtype=kv_cache_dtype_str_to_dtype(kv_cache_dtype, model_config),
+        # Packed formats (nvfp4, int4, turboquant, ...) size pages by mode.
+        kv_quant_mode=get_kv_quant_mode(kv_cache_dtype),
     )
     indexer_dtype = (
         torch.float8_e4m3fn

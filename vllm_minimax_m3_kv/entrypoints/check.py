@@ -24,12 +24,19 @@ from vllm_minimax_m3_kv.config.facts import (
     target_platform_facts,
 )
 from vllm_minimax_m3_kv.config.indexer_precision import (
+    ALLOW_MIXED_ENV,
     STOCK_INDEXER_DEFAULT,
     Outcome,
     decide,
 )
 
-EXIT_OK, EXIT_USAGE, EXIT_NOT_UNIFORM = 0, 1, 2
+EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3
+
+ZEROER_NOT_BUILT = "not built"
+ZEROER_HONOURED = (
+    f"built and honoured on every worker and the scheduler ({ALLOW_MIXED_ENV}=1)"
+)
+ZEROER_REFUSED = "none: this configuration is refused at startup"
 
 
 def bundled_model_path() -> str:
@@ -111,16 +118,15 @@ class Plan:
         ]
         width = max(len(name) for name, _ in rows)
         lines = [f"{name:<{width}}  {value}" for name, value in rows]
-        if self.outcome == Outcome.ERROR.value:
+        if self.outcome in (Outcome.ERROR.value, Outcome.MIXED.value):
             lines += ["", self.message]
-        elif not self.uniform_precision:
-            lines += [
-                "",
-                "fp8 on neither cache, so the plugin leaves this as stock vLLM, "
-                "but the main cache is not bf16 like the indexer and vLLM builds "
-                "a zeroer. Fix: --kv-cache-dtype bfloat16",
-            ]
         return "\n".join(lines)
+
+    @property
+    def exit_code(self) -> int:
+        if self.outcome == Outcome.ERROR.value:
+            return EXIT_REFUSED
+        return EXIT_MIXED if self.outcome == Outcome.MIXED.value else EXIT_OK
 
 
 def plan_for(args: argparse.Namespace) -> Plan:
@@ -171,16 +177,12 @@ def plan_for(args: argparse.Namespace) -> Plan:
         indexer_kv_dtype=STOCK_INDEXER_DEFAULT if requested == "auto" else requested,
         tensor_parallel_size=tp,
     )
-    if verdict.outcome is Outcome.UNCHANGED:
-        # fp8 on neither side: vLLM's own behaviour, uniform exactly when the
-        # main cache resolves to bf16 like MiniMax-M3's default indexer.
-        import torch
-        from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-
-        main_dtype = kv_cache_dtype_str_to_dtype(kv_cache_dtype, model_config)
-        uniform = main_dtype == torch.bfloat16 and requested in ("auto", "bf16")
-    else:
-        uniform = verdict.uniform
+    # Both caches bf16 (unchanged) is uniform too; only MIXED and ERROR are not.
+    uniform = verdict.outcome not in (Outcome.MIXED, Outcome.ERROR)
+    zeroer = {
+        Outcome.ERROR: ZEROER_REFUSED,
+        Outcome.MIXED: ZEROER_HONOURED,
+    }.get(verdict.outcome, ZEROER_NOT_BUILT)
     return Plan(
         architecture=model_config.architecture,
         target=f"{args.target} ({platform.name})",
@@ -188,7 +190,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
         indexer_kv_dtype=resolved if resolved != "auto" else STOCK_INDEXER_DEFAULT,
         indexer_inherited=verdict.outcome is Outcome.INHERITED,
         uniform_precision=uniform,
-        kv_block_zeroer="not built" if uniform else "built",
+        kv_block_zeroer=zeroer,
         tensor_parallel_size=tp,
         bytes_per_token_main=ours.main,
         bytes_per_token_indexer=ours.indexer,
@@ -217,9 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(plan), indent=2))
     else:
         print(plan.render())
-    if plan.outcome == Outcome.ERROR.value:
-        return EXIT_NOT_UNIFORM
-    return EXIT_OK if plan.uniform_precision else EXIT_NOT_UNIFORM
+    return plan.exit_code
 
 
 def entry() -> None:

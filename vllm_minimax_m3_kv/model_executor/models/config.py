@@ -55,6 +55,11 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
         return
     if verdict.outcome is Outcome.ERROR:
         raise IndexerPrecisionError(verdict)
+    if verdict.outcome is Outcome.MIXED:
+        # The zeroing patch (patches.py) makes every worker and the scheduler
+        # honour the zeroer this pool needs; the request itself is kept.
+        get_logger(__name__).warning_once("MiniMax-M3 %s.", verdict.reason)
+        return
     vllm_config.attention_config.indexer_kv_dtype = verdict.indexer_kv_dtype
     get_logger(__name__).info_once(
         "MiniMax-M3 indexer_kv_dtype=%s (%s).", verdict.indexer_kv_dtype, verdict.reason

@@ -1,0 +1,107 @@
+"""One KV zeroing decision per MiniMax-M3 engine (vLLM PR #64472's matrix).
+
+Real vLLM 0.33 config, the MiniMax-M3 model on the meta device and vLLM's KV
+planner, on simulated MI355X with AITER off (the public recipe: fp8 main cache,
+bf16 indexer). Mixed pools exist here only by the explicit opt-in, and then
+every worker and the scheduler must zero new blocks: with the sparse layers in
+the second PP stage (the checkpoint's layout), in the first, and at PP 1.
+Uniform pools zero nowhere. Stock vLLM (plugin excluded) shows the failure, so
+none of this is vacuous; a non-MiniMax model's mixed pool stays as stock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sim.engine import TINY_LLAMA, TINY_MODEL, TINY_MODEL_SPARSE_FIRST
+
+AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
+AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
+ALLOW_MIXED = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
+WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
+FP8 = {"kv_cache_dtype": "fp8", "tensor_parallel_size": 8}
+
+SCENARIOS = [
+    {
+        "id": "mixed_second_stage",
+        "env": {**AITER_OFF, **ALLOW_MIXED},
+        "engine": {**FP8, "model": TINY_MODEL},
+    },
+    {
+        "id": "mixed_first_stage",
+        "env": {**AITER_OFF, **ALLOW_MIXED},
+        "engine": {**FP8, "model": TINY_MODEL_SPARSE_FIRST},
+    },
+    {"id": "uniform", "env": AITER_ON, "engine": {**FP8, "model": TINY_MODEL}},
+]
+
+
+@pytest.fixture(scope="module")
+def plugin(scenario_runner):
+    return scenario_runner("mi355x", SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def stock(scenario_runner):
+    return scenario_runner("mi355x", SCENARIOS, env=WITHOUT_PLUGIN)
+
+
+@pytest.mark.parametrize("layout", ["mixed_second_stage", "mixed_first_stage"])
+def test_opted_in_mixed_pool_zeroes_on_every_worker_and_the_scheduler(plugin, layout):
+    result = plugin[layout]
+    assert result["indexer_kv_dtype"] == "auto"  # the request is kept
+    assert result["pp1"]["worker_mixed"] == [True]
+    assert (result["pp1"]["workers"], result["pp1"]["scheduler"]) == ([True], True)
+    # Only one stage holds the bf16 index caches; both zero, and so does the
+    # scheduler that sends them blocks to zero.
+    assert sorted(result["pp2"]["worker_mixed"]) == [False, True]
+    assert (result["pp2"]["workers"], result["pp2"]["scheduler"]) == (
+        [True, True],
+        True,
+    )
+
+
+def test_mixed_stage_order_is_the_one_declared(plugin):
+    assert plugin["mixed_second_stage"]["pp2"]["worker_mixed"] == [False, True]
+    assert plugin["mixed_first_stage"]["pp2"]["worker_mixed"] == [True, False]
+
+
+def test_uniform_pool_zeroes_nowhere(plugin):
+    for plan in (plugin["uniform"]["pp1"], plugin["uniform"]["pp2"]):
+        assert not any(plan["workers"]) and not plan["scheduler"], plan
+
+
+@pytest.mark.parametrize(
+    ("layout", "pp2_workers"),
+    [("mixed_second_stage", [False, True]), ("mixed_first_stage", [True, False])],
+)
+def test_stock_vllm_drops_the_zeroing_decision(stock, layout, pp2_workers):
+    result = stock[layout]
+    assert (result["pp1"]["workers"], result["pp1"]["scheduler"]) == ([True], False)
+    assert (result["pp2"]["workers"], result["pp2"]["scheduler"]) == (
+        pp2_workers,
+        False,
+    )
+
+
+# Layer 0 keeps a bf16 cache beside fp8 layers (--kv-cache-dtype-skip-layers).
+LLAMA_MIXED = [
+    {
+        "id": "llama_mixed",
+        "engine": {
+            "model": TINY_LLAMA,
+            "kv_cache_dtype": "fp8",
+            "kv_cache_dtype_skip_layers": ["0"],
+        },
+    }
+]
+
+
+def test_non_minimax_mixed_pool_behaves_as_stock(scenario_runner):
+    # The simulated CUDA platform stands in the custom ops a Llama layer binds.
+    ours = scenario_runner("b300", LLAMA_MIXED)["llama_mixed"]
+    theirs = scenario_runner("b300", LLAMA_MIXED, env=WITHOUT_PLUGIN)["llama_mixed"]
+    assert ours["pp1"]["worker_mixed"] == [True]  # really a mixed pool
+    for pp in ("pp1", "pp2"):
+        assert ours[pp] == theirs[pp]
+    assert ours["pp1"]["scheduler"] is False  # stock's behaviour, untouched

@@ -1,0 +1,1 @@
+"""Glue for vLLM v1 engine code (``vllm.v1``)."""

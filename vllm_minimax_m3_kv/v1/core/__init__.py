@@ -1,0 +1,1 @@
+"""Glue for ``vllm.v1.core``: KV cache planning."""
