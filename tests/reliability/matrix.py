@@ -397,8 +397,11 @@ def start_outcome(cell: Cell, result: dict[str, Any]) -> str | None:
     if cell.allow_mixed and starts_mixed(result):
         return "mixed"
     build_error = result.get("build_error")
+    # Only an opted-in mixed pool may reach model build with these dtypes;
+    # without the opt-in the plugin must have refused it at config time.
     if (
-        build_error is not None
+        cell.allow_mixed
+        and build_error is not None
         and not build_error["from_plugin"]
         and cell.kv_cache_dtype in SIMULATION_LIMITS
     ):
