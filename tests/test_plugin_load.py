@@ -235,3 +235,55 @@ def test_without_the_plugin_vllm_strict_env_validation_refuses_the_opt_in():
     )
     assert not result["core_wrapped"] and result["opt_in"] is None
     assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED" in result["strict_env"]
+
+
+def test_operator_can_grep_active_and_pool_lines():
+    # As in `vllm serve`: logging is configured before plugins load.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import torch
+                from vllm.config.logging import LoggingConfig
+                from vllm.logger import configure_logging
+                configure_logging(LoggingConfig())
+                import vllm.plugins
+                vllm.plugins.load_general_plugins()
+                from vllm.v1.kv_cache_interface import (
+                    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                    MLAAttentionSpec, get_kv_quant_mode)
+                from vllm_minimax_m3_kv.v1.core.kv_cache_zeroing import log_pool
+
+                fp8 = dict(dtype=torch.uint8, kv_quant_mode=get_kv_quant_mode("fp8"))
+                main = FullAttentionSpec(block_size=128, num_kv_heads=1, head_size=128, **fp8)
+                index = MLAAttentionSpec(block_size=128, num_kv_heads=1, head_size=128, **fp8)
+                bf16 = MLAAttentionSpec(block_size=128, num_kv_heads=1, head_size=128,
+                                        dtype=torch.bfloat16)
+                def config(*specs):
+                    groups = [KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)]
+                    return KVCacheConfig(num_blocks=1, kv_cache_tensors=[],
+                                         kv_cache_groups=groups)
+                log_pool([config(main, index)] * 8, zeroing=False)
+                log_pool([config(main), config(main, bf16)], zeroing=True)
+                """
+            ),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert "vllm-minimax-m3-kv active: minimax_m3_config_hook" in log
+    assert (
+        "MiniMax-M3 KV pool: one precision (uint8/FP8_PER_TENSOR) on all 8 workers; "
+        "no KV block zeroer is built." in log
+    )
+    assert (
+        "MiniMax-M3 KV pool: mixed precision (bfloat16/NONE, uint8/FP8_PER_TENSOR); "
+        "every one of 2 workers and the scheduler zero newly allocated blocks." in log
+    )

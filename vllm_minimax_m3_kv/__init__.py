@@ -35,6 +35,7 @@ def register() -> None:
     for patch in patches.PATCHES:
         patch.apply()
     _registered = True
-    logger.debug(
+    # INFO, so an operator can grep a server log for it (one line per process).
+    logger.info(
         "vllm-minimax-m3-kv active: %s", ", ".join(p.name for p in patches.PATCHES)
     )

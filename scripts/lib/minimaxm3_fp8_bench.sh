@@ -1,8 +1,17 @@
 # shellcheck shell=bash
-# Shared body of the MiniMax-M3 fp8 single-node recipes. A target script sets
-# TARGET, TARGET_ENV (array of NAME=VALUE) and TARGET_SERVE_ARGS (array), then
-# calls minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait for
-# /health, benchmark, stop the server (on exit, error or Ctrl-C).
+# Shared body of the MiniMax-M3 single-node recipes. A target script sets
+# TARGET, TARGET_ENV, TARGET_FP8_ENV and TARGET_BF16_INDEXER_ENV (arrays of
+# NAME=VALUE: always, for an fp8 indexer, for a bf16 indexer), TARGET_SERVE_ARGS
+# (array) and FP8_INDEXER_NEEDS_AITER_SPARSE_PA (true/false), then calls
+# minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait for /health,
+# benchmark, stop the server (on exit, error or Ctrl-C).
+#
+# KV_PRECISION picks the KV pool per workload:
+#   fp8   (default) the B300 recipe: fp8 KV cache and fp8 indexer, one precision
+#   bf16  both caches bf16, one precision; on MI355X AITER sparse PA off
+#   mixed fp8 KV cache beside a bf16 indexer (the public MI355X recipe's shape),
+#         accepted with VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1: every worker zeroes
+#         new blocks
 
 REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
@@ -10,6 +19,11 @@ REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
 VLLM_BIN="${VLLM_BIN:-vllm}"
 CHECK_BIN="${CHECK_BIN:-vllm-minimax-m3-kv}"
 HEALTH_TIMEOUT_S="${HEALTH_TIMEOUT_S:-1800}"
+KV_PRECISION="${KV_PRECISION:-fp8}"
+# Upstream recipes enable AITER sparse paged attention for MiniMax-M3 on
+# MI355X only from these (InferenceX PR #2187, vLLM recipes PR #654).
+AITER_SPARSE_PA_MIN_ISL=8192
+AITER_SPARSE_PA_MIN_CONC=64
 GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.9}"
 MAX_NUM_BATCHED_TOKENS="${MAX_NUM_BATCHED_TOKENS:-16384}"
 SERVER_PID=""
@@ -21,9 +35,57 @@ require_inputs() {
     done
     if ((${#missing[@]})); then
         echo "error: set these environment variables: ${missing[*]}" >&2
-        echo "       (optional: MODEL_PATH PP RUN_EVAL GPU_MEMORY_UTILIZATION" \
-            "MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S)" >&2
+        echo "       (optional: KV_PRECISION MODEL_PATH PP RUN_EVAL" \
+            "GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S)" >&2
         exit 64
+    fi
+    if run_eval && ! command -v lm_eval >/dev/null 2>&1; then
+        echo "error: RUN_EVAL=${RUN_EVAL} needs lm_eval on PATH;" \
+            "install it with: pip install 'lm-eval[api]' (or unset RUN_EVAL)" >&2
+        exit 64
+    fi
+}
+
+run_eval() {
+    [[ "${RUN_EVAL:-0}" == 1 || "${RUN_EVAL:-}" == true ]]
+}
+
+precision_choice() {
+    # PRECISION_FLAGS / PRECISION_ENV / PRECISION_NOTE for KV_PRECISION.
+    case "$KV_PRECISION" in
+    fp8)
+        PRECISION_FLAGS=(--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype fp8)
+        PRECISION_ENV=("${TARGET_FP8_ENV[@]}")
+        PRECISION_NOTE="uniform fp8: fp8 KV cache and fp8 indexer, no zeroer"
+        ;;
+    bf16)
+        PRECISION_FLAGS=(--kv-cache-dtype auto)
+        PRECISION_ENV=("${TARGET_BF16_INDEXER_ENV[@]}")
+        PRECISION_NOTE="uniform bf16: both caches bf16, no zeroer"
+        ;;
+    mixed)
+        PRECISION_FLAGS=(--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype bf16)
+        PRECISION_ENV=(VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1
+            "${TARGET_BF16_INDEXER_ENV[@]}")
+        PRECISION_NOTE="mixed: fp8 KV cache, bf16 indexer; every worker zeroes new blocks"
+        ;;
+    *)
+        echo "error: KV_PRECISION=${KV_PRECISION} is not one of: fp8 bf16 mixed" >&2
+        exit 64
+        ;;
+    esac
+}
+
+workload_advice() {
+    # One line when the fp8 choice needs a kernel path that upstream measured
+    # slower for this workload shape.
+    if [[ "$KV_PRECISION" == fp8 && "$FP8_INDEXER_NEEDS_AITER_SPARSE_PA" == true ]] &&
+        ((ISL < AITER_SPARSE_PA_MIN_ISL || CONC < AITER_SPARSE_PA_MIN_CONC)); then
+        echo "note: KV_PRECISION=fp8 needs AITER sparse paged attention on ${TARGET}," \
+            "which upstream enables only from input length ${AITER_SPARSE_PA_MIN_ISL}" \
+            "and concurrency ${AITER_SPARSE_PA_MIN_CONC} (InferenceX PR #2187, vLLM" \
+            "recipes PR #654); for ISL=${ISL} CONC=${CONC}, KV_PRECISION=mixed or bf16" \
+            "may serve faster."
     fi
 }
 
@@ -44,8 +106,7 @@ parallel_args() {
 build_commands() {
     parallel_args
     SERVE_FLAGS=(
-        --kv-cache-dtype fp8
-        --attention-config.indexer_kv_dtype fp8
+        "${PRECISION_FLAGS[@]}"
         --block-size 128
         --language-model-only
         --no-enable-prefix-caching
@@ -65,18 +126,25 @@ build_commands() {
         --num-prompts "$((CONC * 10))" --max-concurrency "$CONC"
         --save-result --result-dir "$RESULT_DIR"
         --result-filename "$RESULT_FILENAME")
-    # The preflight judges the bundled MiniMax-M3 config unless a local
-    # checkpoint directory is given, so it needs no download.
+    # The preflight judges exactly what will be served: MODEL_PATH (a typo
+    # fails here, not after launch), or MODEL if it is a local directory. A
+    # hub id is judged on the bundled config (the checkpoint's architecture
+    # values), which needs no download.
     CHECK_CMD=("$CHECK_BIN" check --target "$TARGET")
-    if [[ -n "${MODEL_PATH:-}" && -f "${MODEL_PATH}/config.json" ]]; then
+    CHECK_MODEL_NOTE=""
+    if [[ -n "${MODEL_PATH:-}" ]]; then
         CHECK_CMD+=("$MODEL_PATH")
+    elif [[ -d "$MODEL" ]]; then
+        CHECK_CMD+=("$MODEL")
+    else
+        CHECK_MODEL_NOTE="MODEL=${MODEL} is a hub id: the preflight judges the bundled MiniMax-M3 config"
     fi
     CHECK_CMD+=("${SERVE_FLAGS[@]}")
 }
 
 export_target_env() {
     local pair
-    for pair in "${TARGET_ENV[@]}"; do
+    for pair in "${TARGET_ENV[@]}" "${PRECISION_ENV[@]}"; do
         export "${pair?}"
     done
     if [[ -n "${ROCR_VISIBLE_DEVICES:-}" ]]; then
@@ -124,19 +192,27 @@ minimaxm3_main() {
         ;;
     esac
     require_inputs
+    precision_choice
     export_target_env
     build_commands
 
+    echo "== ${TARGET}: KV_PRECISION=${KV_PRECISION} (${PRECISION_NOTE})"
+    workload_advice
     echo "== ${TARGET}: environment"
-    printf '  %s\n' "${TARGET_ENV[@]}"
+    printf '  %s\n' "${TARGET_ENV[@]}" "${PRECISION_ENV[@]}"
     [[ -z "${HIP_VISIBLE_DEVICES:-}" ]] || echo "  HIP_VISIBLE_DEVICES=$HIP_VISIBLE_DEVICES"
     echo "== serve"
     echo "  ${SERVE_CMD[*]}"
     echo "== bench"
     echo "  ${BENCH_CMD[*]}"
     echo "== preflight: ${CHECK_CMD[*]}"
-    if ! "${CHECK_CMD[@]}"; then
-        echo "error: preflight failed for ${TARGET}; not launching" >&2
+    [[ -z "$CHECK_MODEL_NOTE" ]] || echo "  ($CHECK_MODEL_NOTE)"
+    local verdict=0
+    "${CHECK_CMD[@]}" || verdict=$?
+    # check exits 3 for a mixed pool the operator opted into.
+    if ! [[ "$verdict" == 0 || ("$verdict" == 3 && "$KV_PRECISION" == mixed) ]]; then
+        echo "error: preflight failed for ${TARGET} (check exit ${verdict});" \
+            "not launching" >&2
         exit 2
     fi
     if [[ "$dry_run" == true ]]; then
@@ -154,7 +230,7 @@ minimaxm3_main() {
     wait_for_health
     echo "== server healthy; benchmarking"
     "${BENCH_CMD[@]}"
-    if [[ "${RUN_EVAL:-false}" == "true" ]]; then
+    if run_eval; then
         lm_eval --model local-completions --tasks gsm8k \
             --model_args "model=${MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions" \
             --output_path "$RESULT_DIR/eval"

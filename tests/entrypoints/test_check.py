@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.sim.process import json_from_out_file
+from tests.sim.process import REPO, child_env, json_from_out_file
 
 AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 TINY = "tests/data/minimax_m3_tiny"
@@ -206,3 +209,50 @@ def test_check_agrees_with_live_plugin(target, scenario_runner):
     assert {outcome for outcome, _ in live.values()} == {"ok", "error"}
     # The opt-in reached a mixed start that both paths agree on.
     assert live[("int8_per_token_head/auto", "mixed_ok")] == ("ok", "bf16")
+
+
+# -- the command as a user runs it ---------------------------------------------
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 120):
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_minimax_m3_kv", "check", *argv],
+        cwd=REPO,
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc, time.monotonic() - start
+
+
+def test_check_is_quiet_unless_verbose():
+    recipe = ("--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8")
+    quiet, _ = run_cli(*recipe, env=AITER_ON)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""  # no vLLM / torch import noise
+    assert "uniform precision        yes" in quiet.stdout
+    verbose, _ = run_cli(*recipe, "--verbose", env=AITER_ON)
+    assert verbose.returncode == 0
+    assert verbose.stdout == quiet.stdout
+
+
+def test_help_shows_checks_own_flags_first():
+    proc, _ = run_cli("--help")
+    assert proc.returncode == 0 and proc.stderr == ""
+    own = proc.stdout.index("check options")
+    assert own < proc.stdout.index("Config Groups:")
+    for flag in ("--target", "--json", "--verbose"):
+        assert proc.stdout.index(flag, own) < proc.stdout.index("Config Groups:")
+
+
+@pytest.mark.parametrize("model", ["nosuchorg/NoSuchModel", "/models/typo/MiniMax-M3"])
+def test_unreachable_model_fails_fast_in_one_line_with_a_hint(model):
+    proc, seconds = run_cli("--target", "mi355x", model, timeout=90)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "local checkpoint directory" in lines[0]
+    assert "omit the model to judge the bundled" in lines[0]
+    assert seconds < 60  # it retried for 109 s before

@@ -58,6 +58,18 @@ def run_script(name: str, env: dict[str, str], *args: str, timeout: float = 240)
     )
 
 
+def serve_line(out: str) -> str:
+    """The printed `vllm serve ...` command."""
+    return next(
+        (
+            line
+            for line in out.splitlines()
+            if line.split()[1:3][:1] == ["serve"] and not line.startswith("==")
+        ),
+        "",
+    )
+
+
 def assert_no_server_left(tmp_path: Path) -> None:
     pid = int((tmp_path / "server.pid").read_text())
     deadline = time.time() + 10
@@ -81,9 +93,7 @@ def test_dry_run_prints_commands_and_passes_check(tmp_path, script, target, rocm
     proc = run_script(script, inputs(tmp_path, ROCR_VISIBLE_DEVICES="0,1"), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    serve = next(
-        line for line in out.splitlines() if " serve " in line and "bench" not in line
-    )
+    serve = serve_line(out)
     for flag in (
         "--kv-cache-dtype fp8",
         "--attention-config.indexer_kv_dtype fp8",
@@ -173,5 +183,89 @@ def test_scripts_are_shellcheck_and_bash_n_clean():
     scripts = [str(p) for p in (*SCRIPTS.glob("*.sh"), *SCRIPTS.glob("lib/*.sh"))]
     for script in scripts:
         assert subprocess.run(["bash", "-n", script]).returncode == 0
-    proc = subprocess.run([shellcheck, "-x", *scripts], capture_output=True, text=True)
+    # Plain, as a contributor would run it: .shellcheckrc follows the library.
+    proc = subprocess.run(
+        [shellcheck, *scripts], capture_output=True, text=True, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stdout
+
+
+def _dry_run(tmp_path, script="minimaxm3_fp8_mi355x.sh", **overrides):
+    proc = run_script(script, inputs(tmp_path, **overrides), "--dry-run")
+    return proc, serve_line(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    ("precision", "flags", "env", "check_says"),
+    [
+        (
+            "fp8",
+            "--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype fp8",
+            "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1",
+            "uniform precision        yes",
+        ),
+        (
+            "bf16",
+            "--kv-cache-dtype auto --block-size",
+            "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0",
+            "uniform precision        yes",
+        ),
+        (
+            "mixed",
+            "--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype bf16",
+            "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1",
+            "built and honoured on every worker",
+        ),
+    ],
+)
+def test_kv_precision_choices_pass_their_preflight(
+    tmp_path, precision, flags, env, check_says
+):
+    proc, serve = _dry_run(tmp_path, KV_PRECISION=precision)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"KV_PRECISION={precision} (" in proc.stdout
+    assert flags in serve
+    assert f"  {env}" in proc.stdout
+    assert check_says in proc.stdout
+    assert "VLLM_ROCM_USE_AITER=1" in proc.stdout  # AITER stays on
+    assert not (tmp_path / "server.pid").exists()
+
+
+def test_fp8_on_a_short_low_concurrency_workload_gets_one_advice_line(tmp_path):
+    small, _ = _dry_run(tmp_path, ISL="1024", CONC="4")
+    assert small.stdout.count("note: KV_PRECISION=fp8 needs AITER sparse") == 1
+    assert "InferenceX PR #2187" in small.stdout
+    large, _ = _dry_run(tmp_path, ISL="8192", CONC="64")
+    mixed, _ = _dry_run(tmp_path, KV_PRECISION="mixed", ISL="1024", CONC="4")
+    b300, _ = _dry_run(tmp_path, script="minimaxm3_fp8_b300.sh", ISL="1024", CONC="4")
+    for proc in (large, mixed, b300):
+        assert proc.returncode == 0, proc.stderr
+        assert "note: " not in proc.stdout
+
+
+def test_unknown_kv_precision_is_refused(tmp_path):
+    proc, _ = _dry_run(tmp_path, KV_PRECISION="int8")
+    assert proc.returncode == 64
+    assert "KV_PRECISION=int8 is not one of: fp8 bf16 mixed" in proc.stderr
+
+
+def test_run_eval_checks_for_lm_eval_before_anything_starts(tmp_path):
+    # PATH has the stand-in vllm and this Python, not lm_eval.
+    proc = run_script("minimaxm3_fp8_mi355x.sh", inputs(tmp_path, RUN_EVAL="1"))
+    assert proc.returncode == 64
+    assert "RUN_EVAL=1 needs lm_eval" in proc.stderr
+    assert "pip install" in proc.stderr
+    assert not (tmp_path / "server.pid").exists()
+
+
+def test_preflight_judges_the_model_path_the_script_serves(tmp_path):
+    typo = str(tmp_path / "typo" / "MiniMax-M3")
+    proc, serve = _dry_run(tmp_path, MODEL_PATH=typo)
+    assert typo in serve
+    assert proc.returncode == 2
+    assert f"cannot read the model config for '{typo}'" in proc.stderr
+    # A hub id says which config the preflight judged instead.
+    hub, _ = _dry_run(tmp_path)
+    assert "is a hub id: the preflight judges the bundled MiniMax-M3 config" in (
+        hub.stdout
+    )

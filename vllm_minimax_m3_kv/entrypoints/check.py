@@ -10,11 +10,16 @@ validator's error (cause and fix). Exit 1: this command's own usage errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib import resources
+from pathlib import Path
+from typing import ClassVar
 
 from vllm_minimax_m3_kv.config.facts import (
     TARGETS,
@@ -48,31 +53,94 @@ class _UsageError(Exception):
     pass
 
 
+VERBOSE_FLAG = "--verbose"
+_CHECK_SECTION = "check options (then every `vllm serve` flag; --help=GROUP for one)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     class CheckParser(FlexibleArgumentParser):
-        # argparse exits 2 on bad flags; 2 means "not uniform" here.
+        check_actions: ClassVar[list[argparse.Action]] = []
+
+        # argparse exits 2 on bad flags; 2 means "refused" here.
         def error(self, message: str) -> None:  # type: ignore[override]
             raise _UsageError(message)
+
+        def format_help(self) -> str:
+            # vLLM's help lists config groups only; this command's own flags
+            # go first, in full, so nobody needs --help=options to find them.
+            full = super().format_help()
+            if self._search_keyword is not None:
+                return full
+            formatter = self._get_formatter()
+            formatter.start_section(_CHECK_SECTION)
+            formatter.add_arguments(self.check_actions)
+            formatter.end_section()
+            own = formatter.format_help()
+            head, marker, rest = full.partition("Config Groups:")
+            return head + own + "\n" + marker + rest if marker else own + full
 
     parser = make_arg_parser(
         CheckParser(
             prog="vllm-minimax-m3-kv check",
-            description="Preflight a MiniMax-M3 `vllm serve` command for KV precision.",
+            description="Preflight a MiniMax-M3 `vllm serve` command for KV "
+            "precision, on any machine: no GPU, no weights, no network.",
             usage="vllm-minimax-m3-kv check [model_tag] --target TARGET "
-            "[vllm serve flags]",
+            "[--json] [--verbose] [vllm serve flags]",
         )
     )
-    parser.add_argument(
-        "--target",
-        required=True,
-        choices=TARGETS,
-        help="GPU to judge for; VLLM_ROCM_* flags are read from the environment.",
-    )
-    parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+    CheckParser.check_actions = [
+        parser.add_argument(
+            "--target",
+            required=True,
+            choices=TARGETS,
+            help="GPU to judge for. VLLM_ROCM_* and VLLM_MINIMAX_M3_KV_ALLOW_MIXED "
+            "are read from the environment.",
+        ),
+        parser.add_argument(
+            "--json", action="store_true", help="Print one JSON object."
+        ),
+        parser.add_argument(
+            VERBOSE_FLAG,
+            action="store_true",
+            help="Show vLLM's own import and config logs (hidden by default).",
+        ),
+    ]
     return parser
+
+
+@contextlib.contextmanager
+def _quiet_stderr(quiet: bool) -> Iterator[None]:
+    """Hide vLLM's and torch's import noise; replay it if something breaks.
+
+    At the file-descriptor level: some of it is printed by C extensions.
+    """
+    if not quiet:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        failed = True
+        try:
+            yield
+            failed = False
+        except SystemExit as done:  # --help, --version: a normal end
+            failed = done.code not in (0, None)
+            raise
+        except _UsageError:  # says everything in one line of its own
+            failed = False
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if failed:
+                sink.seek(0)
+                sys.stderr.write(sink.read()[-8000:].decode(errors="replace"))
 
 
 @dataclass(frozen=True)
@@ -140,11 +208,12 @@ def plan_for(args: argparse.Namespace) -> Plan:
     if args.model == EngineArgs.model:  # no model given: the bundled config
         args.model = bundled_model_path()
         args.skip_tokenizer_init = True
-    engine_args = EngineArgs.from_cli_args(args)
     try:
+        # EngineArgs resolves a hub id to a local snapshot on construction.
+        engine_args = EngineArgs.from_cli_args(args)
         model_config = engine_args.create_model_config()
     except Exception as error:  # unreadable model: this command's usage error
-        raise _UsageError(f"cannot read the model config: {error}") from error
+        raise _UsageError(_unreadable_model(args.model, error)) from error
     shape = sparse_shape(model_config)
     if not is_minimax_m3(model_config) or shape is None:
         raise _UsageError(
@@ -202,16 +271,32 @@ def plan_for(args: argparse.Namespace) -> Plan:
     )
 
 
+def _unreadable_model(model: str, error: Exception) -> str:
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if Path(model).is_dir():
+        return f"cannot read the model config in {model}: {first_line}"
+    return (
+        f"cannot read the model config for {model!r}: it is not a local "
+        "directory, and check does not download (HF_HUB_OFFLINE=1 unless you "
+        "set it). Pass a local checkpoint directory, or omit the model to judge "
+        "the bundled MiniMax-M3 config."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The verdict is for --target, never for this machine: vLLM's CPU platform
     # lets its serve parser build anywhere, GPU or not, and the same way.
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    # A preflight reads configs it has; a hub id it lacks fails at once
+    # rather than retrying for minutes on a machine without network.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if argv[:1] == ["check"]:
         argv = argv[1:]
     try:
-        args = build_parser().parse_args(argv)
-        plan = plan_for(args)
+        with _quiet_stderr(VERBOSE_FLAG not in argv):
+            args = build_parser().parse_args(argv)
+            plan = plan_for(args)
     except _UsageError as error:
         print(f"vllm-minimax-m3-kv check: {error}", file=sys.stderr)
         return EXIT_USAGE

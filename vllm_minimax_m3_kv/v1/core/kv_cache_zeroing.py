@@ -50,6 +50,44 @@ def agree_on_zeroing(configs: list[KVCacheConfig]) -> bool:
     return decision
 
 
+def pool_precisions(configs: list[KVCacheConfig]) -> list[str]:
+    """Every (storage dtype / quant mode) of the device attention caches."""
+    from vllm.v1.kv_cache_interface import AttentionSpec, iter_layer_specs
+
+    return sorted(
+        {
+            f"{str(spec.dtype).removeprefix('torch.')}/{spec.kv_quant_mode.name}"
+            for config in configs
+            for group in config.kv_cache_groups
+            if not group.host_resident
+            for spec in iter_layer_specs(group.kv_cache_spec)
+            if isinstance(spec, AttentionSpec)
+        }
+    )
+
+
+def log_pool(configs: list[KVCacheConfig], zeroing: bool) -> None:
+    """One line per engine that says what the KV pool is (grep for it)."""
+    from vllm_minimax_m3_kv._log import get_logger
+
+    precisions = ", ".join(pool_precisions(configs))
+    logger = get_logger(__name__)
+    if not zeroing:
+        logger.info(
+            "MiniMax-M3 KV pool: one precision (%s) on all %d workers; no KV "
+            "block zeroer is built.",
+            precisions,
+            len(configs),
+        )
+    else:
+        logger.warning(
+            "MiniMax-M3 KV pool: mixed precision (%s); every one of %d workers "
+            "and the scheduler zero newly allocated blocks.",
+            precisions,
+            len(configs),
+        )
+
+
 def wrap_get_kv_cache_configs(original: Callable[..., Any]) -> Callable[..., Any]:
     """The planner, then one zeroing decision for MiniMax-M3 engines."""
 
@@ -60,7 +98,7 @@ def wrap_get_kv_cache_configs(original: Callable[..., Any]) -> Callable[..., Any
 
         configs = original(vllm_config, *args, **kwargs)
         if is_minimax_m3(vllm_config.model_config):
-            agree_on_zeroing(configs)
+            log_pool(configs, agree_on_zeroing(configs))
         return configs
 
     get_kv_cache_configs.__wrapped__ = original  # type: ignore[attr-defined]
