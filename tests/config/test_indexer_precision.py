@@ -33,7 +33,9 @@ B300 = PlatformFacts(
 )
 A100 = PlatformFacts("CUDA sm_80", "cuda")
 CPU = PlatformFacts("platform 'cpu'", "other")
-PLATFORMS = [MI355X, MI355X_NO_AITER, MI300X, B300, A100, CPU]
+NO_AITER = dataclasses.replace(MI355X, aiter_installed=False, aiter_msa_kernels=False)
+NO_MSA = dataclasses.replace(MI355X, aiter_msa_kernels=False)
+PLATFORMS = [MI355X, MI355X_NO_AITER, MI300X, B300, A100, CPU, NO_AITER, NO_MSA]
 
 
 def _vllm_kv_cache_dtypes() -> list[str]:
@@ -118,6 +120,37 @@ def test_table(case, outcome, indexer):
         assert verdict.fixes, verdict.message
         assert case.kv_cache_dtype in verdict.message
         assert repr(case.indexer_kv_dtype) in verdict.message
+
+
+def test_missing_aiter_is_named_and_never_answered_with_a_variable_already_set():
+    # VLLM_ROCM_USE_AITER=1 and the shuffled layout are set; aiter is not there.
+    absent = decide(facts(NO_AITER))
+    assert absent.outcome is Outcome.ERROR
+    assert "aiter package is not installed" in absent.reason
+    keep = absent.fixes[0]
+    assert keep.requires == ("a ROCm vLLM image or build that ships aiter",)
+    assert keep.env == ()  # the variables are set already
+    assert "VLLM_ROCM_USE_AITER=1" not in absent.message
+    # With the variables unset too, the fix needs both.
+    unset = decide(
+        facts(
+            dataclasses.replace(
+                NO_AITER, aiter_enabled=False, shuffle_kv_cache_layout=False
+            )
+        )
+    )
+    assert unset.fixes[0].requires and dict(unset.fixes[0].env) == {
+        "VLLM_ROCM_USE_AITER": "1",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
+    }
+    no_msa = decide(facts(NO_MSA))
+    assert "lacks the MSA kernels" in no_msa.reason
+    assert "msa_block_select" in no_msa.fixes[0].requires[0]
+    # Without aiter, AITER sparse PA is off whatever the variables say, so a
+    # bf16 fallback at TP 1 needs no VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0.
+    tp1 = decide(facts(NO_AITER, indexer="bf16", kv_heads_per_rank=4))
+    assert all(fix.env == () for fix in tp1.fixes if "bf16" in fix.summary)
+    assert decide(facts(NO_AITER, kv="auto")).outcome is Outcome.UNCHANGED
 
 
 def test_mixed_pool_errors_offer_the_opt_in_and_it_is_honoured():

@@ -28,6 +28,8 @@ from vllm_minimax_m3_kv.config import indexer_precision as policy
 RULE_WITNESSES: dict[str, tuple[str, ...]] = {
     "indexer_cp_needs_rocm_tp": ("sm100", "indexer_cp=True"),
     "rocm_needs_gfx950": ("mi300x-aiter-spa", "kv_cache_dtype=fp8"),
+    "rocm_needs_aiter_installed": ("mi355x-no-aiter-env", "kv_cache_dtype=fp8"),
+    "rocm_needs_aiter_msa_kernels": ("mi355x-aiter-no-msa-env", "kv_cache_dtype=fp8"),
     "rocm_needs_aiter_sparse_pa": ("mi355x", "kv_cache_dtype=fp8"),
     "rocm_msa_shape_contract": ("mi355x-aiter-spa", "checkpoint=topk32"),
     "rocm_msa_topk_block_limit": ("mi355x-aiter-spa", "max_model_len=1048704"),
@@ -105,7 +107,11 @@ def test_fix_parsing_round_trips_the_policy_fixes():
     )
     parsed = parse_fixes(verdict.message)
     assert parsed == [
-        {"flags": list(map(list, fix.flags)), "env": dict(fix.env)}
+        {
+            "flags": list(map(list, fix.flags)),
+            "env": dict(fix.env),
+            "requires": list(fix.requires),
+        }
         for fix in verdict.fixes
     ]
     cell = Cell("mi355x", "fp8", None, 1, 1, "none", False, 8193 * 128)

@@ -71,7 +71,11 @@ def describe_error(error: BaseException) -> dict[str, Any]:
     }
     if isinstance(inner, IndexerPrecisionError):
         result["fixes"] = [
-            {"flags": list(map(list, fix.flags)), "env": dict(fix.env)}
+            {
+                "flags": list(map(list, fix.flags)),
+                "env": dict(fix.env),
+                "requires": list(fix.requires),
+            }
             for fix in inner.verdict.fixes
         ]
     return result

@@ -1,7 +1,8 @@
-"""Make an accelerator (and the aiter package) look present on a CPU machine.
+"""Make an accelerator (and the aiter package) look present, or absent, on a CPU.
 
 Test scaffolding only. The stand-ins answer hardware questions (which GPU
-arch, which compute capability, is aiter importable); everything that decides
+arch, which compute capability, is aiter installed and with which kernels);
+they can say "absent" as readily as "present". Everything that decides
 something -- vLLM's config, model construction, KV planning, and this plugin --
 is the real code. One platform per process: call :func:`simulate` before
 anything asks ``vllm.platforms.current_platform``.
@@ -9,10 +10,12 @@ anything asks ``vllm.platforms.current_platform``.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
+import importlib
+import shutil
 import sys
+import tempfile
 import types
+from pathlib import Path
 from typing import Any
 
 # name -> (vendor, arch or capability)
@@ -48,48 +51,60 @@ def _stand_in_amdsmi(arch: str) -> None:
     sys.modules["amdsmi"] = amdsmi
 
 
-def _simulate_rocm(arch: str) -> None:
+def _simulate_rocm(arch: str, aiter: str) -> None:
     _stand_in_amdsmi(arch)
     import vllm.platforms as platforms
     from vllm.platforms.rocm import RocmPlatform
 
     platforms._current_platform = RocmPlatform()
-    # The aiter package is absent here; vLLM asks this one function whether it
-    # could be used, then reads VLLM_ROCM_USE_AITER itself.
+    set_aiter(aiter)
+
+
+AITER_STATES = ("msa", "no_msa", "absent")
+"""aiter installed with the MSA kernels, installed without them, or absent."""
+
+_AITER_FILES = {
+    "aiter/__init__.py": "",
+    "aiter/ops/__init__.py": "",
+    # The MSA indexer's CP gate reads these two kernel limits at model build:
+    # one MFMA's columns and one wave's lanes (gfx950 waves are 64).
+    "aiter/ops/msa_block_select.py": "SCORE_MFMA_COLS = 16\nTOPK_CP_MAX_CAND = 64\n",
+    # Imported by the MSA kernels' launch paths, which never run here.
+    "aiter/ops/msa_attention.py": "",
+}
+_aiter_root: Path | None = None
+
+
+def set_aiter(state: str) -> None:
+    """Make the aiter package present (with or without its MSA kernels) or
+    absent, as a directory on ``sys.path`` and as vLLM's availability probe.
+
+    Callable again in the same process: a fix that means "install aiter" is
+    applied by switching it back on.
+    """
+    global _aiter_root
+    assert state in AITER_STATES, state
     import vllm._aiter_ops as aiter_ops
 
-    aiter_ops.is_aiter_found_and_supported = lambda: True
+    if _aiter_root is None:
+        _aiter_root = Path(tempfile.mkdtemp(prefix="sim-aiter-"))
+        sys.path.append(str(_aiter_root))
+    shutil.rmtree(_aiter_root / "aiter", ignore_errors=True)
+    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
+        del sys.modules[name]
+    if state != "absent":
+        for relative, text in _AITER_FILES.items():
+            if state == "no_msa" and "msa_" in relative:
+                continue
+            path = _aiter_root / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    importlib.invalidate_caches()
+    # vLLM asks these whether aiter could be used (the GPU is CDNA3+ here).
+    present = state != "absent"
+    aiter_ops.IS_AITER_FOUND = present
+    aiter_ops.is_aiter_found_and_supported = lambda: present
     aiter_ops.rocm_aiter_ops.refresh_env_variables()
-    _stand_in_aiter_constants()
-
-
-class _AiterConstantsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``aiter.ops.msa_block_select``'s two kernel limits, nothing else.
-
-    The MSA indexer's CP gate reads them at model build: one MFMA's columns
-    and one wave's lanes (gfx950 waves are 64). Only imports of that module
-    (and its parent packages) are answered, so nothing else sees an aiter.
-    """
-
-    MODULES = ("aiter", "aiter.ops", "aiter.ops.msa_block_select")
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.MODULES:
-            return None
-        is_package = fullname != self.MODULES[-1]
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
-
-    def create_module(self, spec: Any) -> None:
-        return None
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        if module.__name__ == self.MODULES[-1]:
-            module.SCORE_MFMA_COLS = 16
-            module.TOPK_CP_MAX_CAND = 64
-
-
-def _stand_in_aiter_constants() -> None:
-    sys.meta_path.append(_AiterConstantsFinder())
 
 
 def _simulate_cuda(capability: tuple[int, int]) -> None:
@@ -184,10 +199,11 @@ def _stand_in_cuda_extension_ops() -> None:
         torch.ops.__dict__[namespace] = _AbsentExtension(namespace)
 
 
-def simulate(platform: str) -> None:
+def simulate(platform: str, aiter: str = "msa") -> None:
+    """Make ``platform`` the current one; on ROCm, with aiter in that state."""
     vendor, detail = PLATFORMS[platform]
     if vendor == "rocm":
-        _simulate_rocm(detail)
+        _simulate_rocm(detail, aiter)
     else:
         _simulate_cuda(detail)
 

@@ -8,7 +8,9 @@ objects in both cases, through :func:`precision_facts`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
@@ -58,10 +60,32 @@ def _rocm_env_flags() -> tuple[bool, bool]:
 
 
 def target_platform_facts(target: str) -> PlatformFacts:
-    """Facts for a named GPU, with AITER flags read from this environment."""
+    """Facts for a named GPU, with AITER flags read from this environment.
+
+    A ROCm target is assumed to run a ROCm vLLM image that ships aiter with
+    its MSA kernels; the live hook checks that on the machine itself.
+    """
     known = _TARGETS[target]
     aiter, shuffle = _rocm_env_flags() if known["vendor"] == "rocm" else (False, False)
     return PlatformFacts(**known, aiter_enabled=aiter, shuffle_kv_cache_layout=shuffle)
+
+
+# What the fp8 (MSA) indexer imports from aiter at model build.
+AITER_MSA_MODULES = ("msa_block_select", "msa_attention")
+
+
+def aiter_has_msa_kernels() -> bool:
+    """Whether the installed aiter ships the MSA modules, found without
+    importing aiter (whose import loads GPU libraries)."""
+    spec = importlib.util.find_spec("aiter")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        ops = Path(location, "ops")
+        if all(
+            (ops / name).is_dir() or any(ops.glob(f"{name}.*"))
+            for name in AITER_MSA_MODULES
+        ):
+            return True
+    return False
 
 
 def live_platform_facts() -> PlatformFacts:
@@ -69,16 +93,22 @@ def live_platform_facts() -> PlatformFacts:
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():
-        from vllm._aiter_ops import rocm_aiter_ops
+        from vllm import _aiter_ops
         from vllm.platforms import rocm
 
+        # vLLM's AITER switches answer None, not False, without aiter; the
+        # policy hears the variables as set and whether aiter is there.
+        aiter, shuffle = _rocm_env_flags()
+        installed = bool(_aiter_ops.is_aiter_found_and_supported())
         arch = getattr(rocm, "_GCN_ARCH", "") or "unknown arch"
         return PlatformFacts(
             name=f"ROCm {arch}",
             vendor="rocm",
-            rocm_gfx950=rocm.on_gfx950(),
-            aiter_enabled=rocm_aiter_ops.is_enabled(),
-            shuffle_kv_cache_layout=rocm_aiter_ops.is_shuffle_kv_cache_enabled(),
+            rocm_gfx950=bool(rocm.on_gfx950()),
+            aiter_enabled=aiter,
+            shuffle_kv_cache_layout=shuffle,
+            aiter_installed=installed,
+            aiter_msa_kernels=installed and aiter_has_msa_kernels(),
         )
     if current_platform.is_cuda():
         capability = current_platform.get_device_capability()

@@ -71,14 +71,21 @@ class PlatformFacts:
     cuda_supports_fp8: bool = False
     cuda_sm100_family: bool = False
     aiter_enabled: bool = False
-    """``VLLM_ROCM_USE_AITER`` as vLLM reads it."""
+    """``VLLM_ROCM_USE_AITER`` as the user set it."""
     shuffle_kv_cache_layout: bool = False
-    """``VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT`` as vLLM reads it."""
+    """``VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT`` as the user set it."""
+    aiter_installed: bool = True
+    """The aiter package is importable and supports this GPU (vLLM's
+    ``is_aiter_found_and_supported``); without it every AITER switch is off."""
+    aiter_msa_kernels: bool = True
+    """The installed aiter ships the MSA kernels the fp8 indexer imports."""
 
     @property
     def aiter_sparse_pa(self) -> bool:
+        """AITER sparse paged attention will run (what vLLM's gate computes)."""
         return (
             self.vendor == "rocm"
+            and self.aiter_installed
             and self.aiter_enabled
             and self.shuffle_kv_cache_layout
         )
@@ -137,16 +144,26 @@ class Outcome(enum.Enum):
     ERROR = "error"
 
 
+AITER_REQUIREMENT = "a ROCm vLLM image or build that ships aiter"
+AITER_MSA_REQUIREMENT = (
+    "an aiter with the MSA kernels (aiter.ops.msa_block_select, "
+    "aiter.ops.msa_attention), as in the ROCm vLLM 0.33 image"
+)
+
+
 @dataclass(frozen=True)
 class Fix:
-    """One way out, as flags and environment variables a user can paste."""
+    """One way out: what to install, then flags and variables to paste."""
 
     summary: str
     flags: tuple[tuple[str, str], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    requires: tuple[str, ...] = ()
+    """Software no flag can stand in for (e.g. :data:`AITER_REQUIREMENT`)."""
 
     def render(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.env]
+        parts = [f"[requires: {'; '.join(self.requires)}]"] if self.requires else []
+        parts += [f"{k}={v}" for k, v in self.env]
         parts += [f"{flag} {value}" for flag, value in self.flags]
         return f"{' '.join(parts)}  ({self.summary})"
 
@@ -188,10 +205,15 @@ class _Blocker:
     fixes: tuple[Fix, ...]
 
 
-def _enable_aiter_fix() -> Fix:
+def _enable_aiter_fix(platform: PlatformFacts) -> Fix:
+    # Only what is not already set: never tell a user to set what they set.
+    wanted = (
+        (AITER_ENV, platform.aiter_enabled),
+        (SHUFFLE_KV_ENV, platform.shuffle_kv_cache_layout),
+    )
     return Fix(
         "turn on AITER sparse paged attention, the only ROCm fp8 indexer",
-        env=((AITER_ENV, "1"), (SHUFFLE_KV_ENV, "1")),
+        env=tuple((name, "1") for name, already in wanted if not already),
     )
 
 
@@ -228,9 +250,39 @@ def _rocm_needs_gfx950(facts: PrecisionFacts) -> _Blocker | None:
     )
 
 
+def _rocm_needs_aiter_installed(facts: PrecisionFacts) -> _Blocker | None:
+    # vLLM's AITER switches (@if_aiter_supported) all answer None without it.
+    platform = facts.platform
+    if platform.vendor != "rocm" or platform.aiter_installed:
+        return None
+    return _Blocker(
+        "the aiter package is not installed (or does not support this GPU), and "
+        "the only ROCm fp8 indexer is the AITER MSA indexer",
+        (Fix("install aiter", requires=(AITER_REQUIREMENT,)),),
+    )
+
+
+def _rocm_needs_aiter_msa_kernels(facts: PrecisionFacts) -> _Blocker | None:
+    # MiniMaxM3IndexerMSAImpl imports them at model build.
+    platform = facts.platform
+    if (
+        platform.vendor != "rocm"
+        or not platform.aiter_installed
+        or platform.aiter_msa_kernels
+    ):
+        return None
+    return _Blocker(
+        "the installed aiter lacks the MSA kernels the fp8 indexer imports "
+        "(aiter.ops.msa_block_select, aiter.ops.msa_attention)",
+        (Fix("update aiter", requires=(AITER_MSA_REQUIREMENT,)),),
+    )
+
+
 def _rocm_needs_aiter_sparse_pa(facts: PrecisionFacts) -> _Blocker | None:
     platform = facts.platform
-    if platform.vendor != "rocm" or platform.aiter_sparse_pa:
+    if platform.vendor != "rocm" or (
+        platform.aiter_enabled and platform.shuffle_kv_cache_layout
+    ):
         return None
     state = (
         f"{AITER_ENV}={int(platform.aiter_enabled)}, "
@@ -239,7 +291,7 @@ def _rocm_needs_aiter_sparse_pa(facts: PrecisionFacts) -> _Blocker | None:
     return _Blocker(
         "on ROCm the only fp8 indexer is the AITER MSA indexer, which runs "
         f"only with AITER sparse paged attention ({state})",
-        (_enable_aiter_fix(),),
+        (_enable_aiter_fix(platform),),
     )
 
 
@@ -308,6 +360,8 @@ class Rule:
 FP8_INDEXER_RULES: tuple[Rule, ...] = (
     Rule("indexer_cp_needs_rocm_tp", _indexer_cp_needs_rocm_tp),
     Rule("rocm_needs_gfx950", _rocm_needs_gfx950),
+    Rule("rocm_needs_aiter_installed", _rocm_needs_aiter_installed),
+    Rule("rocm_needs_aiter_msa_kernels", _rocm_needs_aiter_msa_kernels),
     Rule("rocm_needs_aiter_sparse_pa", _rocm_needs_aiter_sparse_pa),
     Rule("rocm_msa_shape_contract", _rocm_msa_shape_contract),
     Rule("rocm_msa_topk_block_limit", _rocm_msa_topk_block_limit),
@@ -348,6 +402,7 @@ def _fp8_fix(blockers: list[_Blocker], *flags: tuple[str, str]) -> Fix | None:
         "keep the fp8 KV cache, fp8 indexer",
         flags=tuple(flags) + tuple(f for fix in enabling for f in fix.flags),
         env=tuple(dict(e for fix in enabling for e in fix.env).items()),
+        requires=tuple(dict.fromkeys(r for fix in enabling for r in fix.requires)),
     )
 
 
