@@ -256,3 +256,78 @@ def test_unreachable_model_fails_fast_in_one_line_with_a_hint(model):
     assert "local checkpoint directory" in lines[0]
     assert "omit the model to judge the bundled" in lines[0]
     assert seconds < 60  # it retried for 109 s before
+
+
+# -- check refuses what `vllm serve` refuses, and accepts what it accepts ------
+
+PARITY_LINES = {
+    "recipe": ["-tp", "8", "--kv-cache-dtype", "fp8"],
+    "tp3": ["-tp", "3", "--kv-cache-dtype", "fp8"],
+    "garbage_dtype": ["--kv-cache-dtype", "garbage"],
+    "too_long": ["--max-model-len", "1000000000"],
+    "int8_main": ["--kv-cache-dtype", "int8_per_token_head"],
+    "float16_main": ["--kv-cache-dtype", "float16"],
+    "mxfp4_indexer": [
+        "-tp",
+        "8",
+        "--kv-cache-dtype",
+        "fp8",
+        "--attention-config.indexer_kv_dtype",
+        "mxfp4",
+    ],
+    "bf16": ["--kv-cache-dtype", "auto"],
+    "missing_model": ["--model", "/nonexistent/typo/MiniMax-M3"],
+}
+
+
+def _engine_from_flags(argv: list[str]) -> dict:
+    """The same flags as EngineArgs fields, for the live run."""
+    engine: dict = {"model": "vllm_minimax_m3_kv/data/minimax_m3"}
+    words = iter(argv)
+    for flag in words:
+        value = next(words)
+        if flag == "-tp":
+            engine["tensor_parallel_size"] = int(value)
+        elif flag == "--max-model-len":
+            engine["max_model_len"] = int(value)
+        elif flag == "--attention-config.indexer_kv_dtype":
+            engine["attention_config"] = {"indexer_kv_dtype": value}
+        else:
+            engine[flag.removeprefix("--").replace("-", "_")] = value
+    return engine
+
+
+def test_check_accepts_and_refuses_what_vllm_serve_does(scenario_runner):
+    live = scenario_runner(
+        "mi355x",
+        [
+            {
+                "id": name,
+                "env": AITER_ON,
+                "build": False,
+                "engine": _engine_from_flags(argv),
+            }
+            for name, argv in PARITY_LINES.items()
+        ],
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    checks = run_checks(
+        [
+            {
+                "argv": ["--target", "mi355x", "--block-size", "128", *argv],
+                "env": AITER_ON,
+            }
+            for argv in PARITY_LINES.values()
+        ]
+    )
+    verdicts = {}
+    for name, result in zip(PARITY_LINES, checks, strict=True):
+        assert "Traceback" not in result["stderr"], (name, result["stderr"])
+        if result["exit"] == 1:
+            assert len(result["stderr"].strip().splitlines()) == 1, result["stderr"]
+        check_accepts = result["exit"] in (0, 3)
+        live_accepts = "config_error" not in live[name]
+        verdicts[name] = (check_accepts, live_accepts)
+    assert all(ours == theirs for ours, theirs in verdicts.values()), verdicts
+    assert verdicts["recipe"] == (True, True) and verdicts["bf16"] == (True, True)
+    assert verdicts["tp3"] == (False, False)

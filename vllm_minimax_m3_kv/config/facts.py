@@ -8,8 +8,11 @@ objects in both cases, through :func:`precision_facts`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,8 +91,24 @@ def aiter_has_msa_kernels() -> bool:
     return False
 
 
+_judging_for: ContextVar[str | None] = ContextVar("judging_for", default=None)
+
+
+@contextlib.contextmanager
+def judging_for(target: str) -> Iterator[None]:
+    """Let the live hook judge for a named target (``check`` runs vLLM's own
+    config validation on its CPU platform, and the verdict is for the GPU)."""
+    token = _judging_for.set(target)
+    try:
+        yield
+    finally:
+        _judging_for.reset(token)
+
+
 def live_platform_facts() -> PlatformFacts:
     """Facts for the platform vLLM detected in this process."""
+    if (target := _judging_for.get()) is not None:
+        return target_platform_facts(target)
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():

@@ -12,18 +12,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from vllm_minimax_m3_kv.config.facts import (
     TARGETS,
     is_minimax_m3,
+    judging_for,
     precision_facts,
     sparse_shape,
     target_platform_facts,
@@ -231,6 +233,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
         shape=shape,
     )
     verdict = decide(facts)
+    _validate_like_vllm_serve(engine_args, args.target, quiet=not args.verbose)
     resolved = verdict.indexer_kv_dtype
     tp = engine_args.tensor_parallel_size
     ours = kv_bytes_per_token(
@@ -271,10 +274,51 @@ def plan_for(args: argparse.Namespace) -> Plan:
     )
 
 
+def _validate_like_vllm_serve(engine_args: Any, target: str, quiet: bool) -> None:
+    """vLLM's own config validation for these flags, as ``vllm serve`` runs it.
+
+    A plugin refusal is the verdict ``decide`` already gave; anything else
+    vLLM refuses (dtype names, TP that does not divide the heads, lengths)
+    is this command's usage error, in vLLM's own words.
+    """
+    from vllm_minimax_m3_kv.model_executor.models.config import (
+        IndexerPrecisionError,
+    )
+
+    # vLLM configures its logging (to stdout) while it builds the config;
+    # this command's stdout is the plan, so its INFO lines stay out.
+    if quiet:
+        logging.disable(logging.WARNING)
+    try:
+        with judging_for(target):
+            replace(engine_args).create_engine_config()
+    except Exception as error:
+        cause = _unwrap(error)
+        if isinstance(cause, IndexerPrecisionError):
+            return
+        raise _UsageError(f"vLLM refuses these flags: {_first_line(cause)}") from error
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    """The validator's exception out of pydantic's wrapper."""
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        with contextlib.suppress(Exception):
+            inner = errors()[0].get("ctx", {}).get("error")
+            if isinstance(inner, BaseException):
+                return inner
+    return error
+
+
 def _unreadable_model(model: str, error: Exception) -> str:
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    if Path(model).is_dir():
-        return f"cannot read the model config in {model}: {first_line}"
+    if Path(model).is_dir():  # read, and refused by vLLM's own validation
+        return f"vLLM refuses these flags: {_first_line(_unwrap(error))}"
     return (
         f"cannot read the model config for {model!r}: it is not a local "
         "directory, and check does not download (HF_HUB_OFFLINE=1 unless you "
