@@ -261,7 +261,10 @@ PATCHES: tuple[Patch, ...] = (
             "get_kv_cache_configs (in the planner and as the engine core "
             "imported it) stores, for MiniMax-M3 engines only, the OR of every "
             "worker's full-config decision on every worker's config; the "
-            "scheduler config is a deep copy of worker 0's, so it keeps it."
+            "scheduler config is a deep copy of worker 0's, so it keeps it. "
+            "It also fails the startup, naming the worker and stage, when a "
+            "worker reports the stock fp8 index-cache description (a node "
+            "without this plugin)."
         ),
         upstream=(
             "Mirrors vllm-project/vllm#64472 (zeroing decided from each "

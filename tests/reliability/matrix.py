@@ -176,6 +176,8 @@ class Cell:
     """Environment changes on top of the platform's (from applied fixes)."""
     aiter: str | None = None
     """The aiter package's state when a fix installed it; else the platform's."""
+    draft_kv_cache_dtype: str | None = None
+    """The MTP drafter's own ``speculative_config.kv_cache_dtype``."""
 
     @property
     def id(self) -> str:
@@ -193,6 +195,8 @@ class Cell:
         parts += [f"{k}={v}" for k, v in self.env]
         if self.aiter is not None:
             parts.append(f"aiter={self.aiter}")
+        if self.draft_kv_cache_dtype is not None:
+            parts.append(f"draft_kv={self.draft_kv_cache_dtype}")
         return "/".join(parts)
 
     @property
@@ -205,6 +209,7 @@ class Cell:
         return (
             self.kv_cache_dtype in BF16_ONLY_KV
             and self.indexer_kv_dtype in BF16_ONLY_INDEXER
+            and self.draft_kv_cache_dtype in (None, *BF16_ONLY_KV)
         )
 
     @property
@@ -220,10 +225,17 @@ class Cell:
             "kv_cache_dtype": self.kv_cache_dtype,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
-            "speculative_config": MTP if self.speculative == "mtp" else None,
+            "speculative_config": self._speculative_config(),
             "max_model_len": self.max_model_len,
             "attention_config": attention,
         }
+
+    def _speculative_config(self) -> dict[str, Any] | None:
+        if self.speculative != "mtp":
+            return None
+        if self.draft_kv_cache_dtype is None:
+            return MTP
+        return {**MTP, "kv_cache_dtype": self.draft_kv_cache_dtype}
 
     def environment(self) -> dict[str, str]:
         env = dict(PLATFORMS[self.platform][1])
@@ -256,7 +268,41 @@ def cells(platform: str) -> list[Cell]:
                 KV_CACHE_DTYPES, INDEXER_KV_DTYPES, (1, 8)
             )
         ]
-    return table + extension_cells(platform)
+    return table + extension_cells(platform) + drafter_cells(platform)
+
+
+DRAFTER_PLATFORMS = ("mi355x-aiter-spa", "mi355x", "sm100")
+DRAFT_KV_CACHE_DTYPES = (
+    "auto",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "int8_per_token_head",
+)
+
+
+def drafter_cells(platform: str) -> list[Cell]:
+    """The MTP drafter with its own KV dtype, beside an fp8 or bf16 target."""
+    if platform not in DRAFTER_PLATFORMS:
+        return []
+    return [
+        Cell(
+            platform,
+            kv,
+            None,
+            8,
+            pp,
+            "mtp",
+            False,
+            8192,
+            env=(ALLOW_MIXED,) if opt_in else (),
+            draft_kv_cache_dtype=draft,
+        )
+        for kv, draft, pp, opt_in in itertools.product(
+            ("fp8", "auto"), DRAFT_KV_CACHE_DTYPES, (1, 2), (False, True)
+        )
+    ]
 
 
 def extension_cells(platform: str, with_core_kv: bool = False) -> list[Cell]:
@@ -281,6 +327,7 @@ FLAG_FIELDS = {
     "--attention-config.indexer_kv_dtype": "indexer_kv_dtype",
     "--attention-config.minimax_m3_indexer_cp": "indexer_cp",
     "--max-model-len": "max_model_len",
+    "--speculative-config.kv_cache_dtype": "draft_kv_cache_dtype",
 }
 
 

@@ -34,6 +34,7 @@ RULE_WITNESSES: dict[str, tuple[str, ...]] = {
     "rocm_msa_shape_contract": ("mi355x-aiter-spa", "checkpoint=topk32"),
     "rocm_msa_topk_block_limit": ("mi355x-aiter-spa", "max_model_len=1048704"),
     "needs_fp8_capable_gpu": ("sm80", "kv_cache_dtype=fp8"),
+    "drafter_kv_cache_matches_target": ("sm100", "draft_kv_cache_dtype=auto"),
     "fp8_indexer_must_run_here": ("mi355x", "indexer_kv_dtype=fp8"),
     "fp8_indexer_needs_e4m3_main": ("sm100", "indexer_kv_dtype=fp8"),
     "indexer_stores_bf16_or_fp8": ("sm100", "indexer_kv_dtype=mxfp4"),

@@ -206,6 +206,14 @@ def build_model(vllm_config: Any, bind_indexer: bool = False) -> BuiltModel:
                 backend=speculative.attention_backend or SIM_ATTENTION_BACKEND,
             ),
         )
+        if speculative.kv_cache_dtype is not None:
+            # As llm_base_proposer._create_draft_vllm_config does.
+            draft_config = replace(
+                draft_config,
+                cache_config=replace(
+                    draft_config.cache_config, cache_dtype=speculative.kv_cache_dtype
+                ),
+            )
         draft_hf = speculative.draft_model_config.hf_config
         with set_current_vllm_config(draft_config), torch.device("meta"):
             draft = init_vllm_registered_model(

@@ -5,13 +5,16 @@
 Each scenario goes through ``EngineArgs(...).create_engine_config()`` (vLLM
 loads this plugin from its entry point there, as ``vllm serve`` does), then
 optionally builds the real MiniMax-M3 model on the meta device and runs vLLM's
-KV planner on the specs its layers return, for PP=1 and a PP=2 stage split.
+KV planner on the specs its layers return, for PP=1 and a PP=2 stage split
+(optionally with one stage's specs from another process, e.g. one without the
+plugin, as a node of a multi-node engine would send them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 import traceback
 from pathlib import Path
@@ -45,7 +48,19 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
         result.update(built.selected)
         result["specs"] = sim.spec_summary(built.specs)
         result["pp1"] = sim.plan(vllm_config, [built.specs])
-        result["pp2"] = sim.plan(vllm_config, sim.pp_stages(vllm_config, built, 2))
+        stages = sim.pp_stages(vllm_config, built, 2)
+        result["pp2"] = sim.plan(vllm_config, stages)
+        if "dump_pp2_stages" in scenario:  # for another process to plan with
+            Path(scenario["dump_pp2_stages"]).write_bytes(pickle.dumps(stages))
+        if "foreign_pp2_stage" in scenario:
+            # One stage's specs as a process without this plugin built them.
+            foreign = scenario["foreign_pp2_stage"]
+            theirs = pickle.loads(Path(foreign["path"]).read_bytes())
+            stages[foreign["stage"]] = theirs[foreign["stage"]]
+            try:
+                result["pp2_foreign"] = sim.plan(vllm_config, stages)
+            except Exception as error:
+                result["pp2_foreign_error"] = sim.describe_error(error)
     return result
 
 

@@ -193,6 +193,7 @@ def precision_facts(
     attention_config: AttentionConfig,
     tensor_parallel_size: int,
     shape: SparseShape,
+    speculative_config: Any = None,
 ) -> PrecisionFacts:
     return PrecisionFacts(
         platform=platform,
@@ -209,4 +210,16 @@ def precision_facts(
         indexer_cp=bool(attention_config.minimax_m3_indexer_cp),
         model_dtype=model_dtype_name(model_config),
         allow_mixed=allow_mixed_from_env(),
+        draft_kv_cache_dtype=draft_kv_cache_dtype(speculative_config),
     )
+
+
+def draft_kv_cache_dtype(speculative_config: Any) -> str | None:
+    """The drafter's own KV dtype from a SpeculativeConfig or its CLI dict."""
+    if speculative_config is None:
+        return None
+    if isinstance(speculative_config, dict):
+        value = speculative_config.get("kv_cache_dtype")
+    else:
+        value = getattr(speculative_config, "kv_cache_dtype", None)
+    return None if value is None else str(value)

@@ -55,6 +55,7 @@ INDEXER_KV_DTYPE_FLAG = "--attention-config.indexer_kv_dtype"
 INDEXER_CP_FLAG = "--attention-config.minimax_m3_indexer_cp"
 MAX_MODEL_LEN_FLAG = "--max-model-len"
 DTYPE_FLAG = "--dtype"
+DRAFT_KV_CACHE_DTYPE_FLAG = "--speculative-config.kv_cache_dtype"
 ALLOW_MIXED_ENV = "VLLM_MINIMAX_M3_KV_ALLOW_MIXED"
 """The operator's explicit opt-in to a mixed pool (fp8 or other main cache
 beside a bf16 indexer), which then runs with zeroing on every worker."""
@@ -120,15 +121,26 @@ class PrecisionFacts:
     stores in the main cache."""
     allow_mixed: bool = False
     """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED`` as the plugin reads it."""
+    draft_kv_cache_dtype: str | None = None
+    """``speculative_config.kv_cache_dtype``: the MTP drafter's own main cache
+    dtype, in the same block pool (None: it inherits the target's)."""
+
+    def _precision(self, kv_cache_dtype: str) -> str:
+        if kv_cache_dtype == "auto":
+            return self.model_dtype
+        if kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
+            return "fp8_e4m3"
+        return kv_cache_dtype
 
     @property
     def main_cache_precision(self) -> str:
         """The main cache's precision: ``auto`` resolved to the model dtype."""
-        if self.kv_cache_dtype == "auto":
-            return self.model_dtype
-        if self.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
-            return "fp8_e4m3"
-        return self.kv_cache_dtype
+        return self._precision(self.kv_cache_dtype)
+
+    @property
+    def draft_cache_precision(self) -> str:
+        """The drafter's main cache precision (the target's unless set)."""
+        return self._precision(self.draft_kv_cache_dtype or self.kv_cache_dtype)
 
 
 class Outcome(enum.Enum):
@@ -579,6 +591,26 @@ def _explicit_indexer_matches_fp8_main(
     )
 
 
+def _drafter_kv_cache_matches_target(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    # The proposer builds the drafter with speculative_config.kv_cache_dtype;
+    # its layers share the target's block pool (and its indexer dtype).
+    draft = facts.draft_kv_cache_dtype
+    if draft is None or facts.draft_cache_precision == facts.main_cache_precision:
+        return None
+    return _error(
+        facts,
+        f"the MTP drafter's own KV cache (speculative_config.kv_cache_dtype="
+        f"{draft}) would be {facts.draft_cache_precision} and the target's "
+        f"{facts.main_cache_precision}, in one pool; " + _MIXED_POOL,
+        Fix(
+            "the drafter shares the target's KV dtype",
+            flags=((DRAFT_KV_CACHE_DTYPE_FLAG, facts.kv_cache_dtype),),
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class PairingRule:
     """One way the two caches' precisions can fail to match, and its fixes."""
@@ -590,6 +622,7 @@ class PairingRule:
 
 
 PAIRING_RULES: tuple[PairingRule, ...] = (
+    PairingRule("drafter_kv_cache_matches_target", _drafter_kv_cache_matches_target),
     PairingRule("fp8_indexer_must_run_here", _fp8_indexer_must_run_here),
     PairingRule("fp8_indexer_needs_e4m3_main", _fp8_indexer_needs_e4m3_main),
     PairingRule("indexer_stores_bf16_or_fp8", _indexer_stores_bf16_or_fp8),
@@ -643,7 +676,11 @@ def decide(facts: PrecisionFacts) -> Verdict:
     Never changes an explicit indexer dtype: only ``auto`` is resolved.
     """
     indexer = facts.indexer_kv_dtype
-    if facts.main_cache_precision == BF16 and indexer in BF16_INDEXER_DTYPES:
+    if (
+        facts.main_cache_precision == BF16
+        and facts.draft_cache_precision == BF16
+        and indexer in BF16_INDEXER_DTYPES
+    ):
         return Verdict(Outcome.UNCHANGED, indexer, "both caches bf16")
     blockers = _blockers(facts)
     for rule in PAIRING_RULES:

@@ -231,6 +231,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
         attention_config=engine_args.attention_config,
         tensor_parallel_size=engine_args.tensor_parallel_size,
         shape=shape,
+        speculative_config=engine_args.speculative_config,
     )
     verdict = decide(facts)
     _validate_like_vllm_serve(engine_args, args.target, quiet=not args.verbose)

@@ -42,6 +42,7 @@ def live_verdict(vllm_config: VllmConfig) -> Verdict | None:
         attention_config=vllm_config.attention_config,
         tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
         shape=shape,
+        speculative_config=vllm_config.speculative_config,
     )
     return decide(facts)
 

@@ -88,16 +88,76 @@ def log_pool(configs: list[KVCacheConfig], zeroing: bool) -> None:
         )
 
 
+class PartialInstallError(RuntimeError):
+    """A worker built MiniMax-M3 without this plugin (or another version)."""
+
+
+def require_plugin_on_every_worker(
+    vllm_config: VllmConfig, kv_cache_specs: list[dict[str, Any]]
+) -> None:
+    """Fail at KV planning if a worker's index cache has the stock description.
+
+    The engine core plans from every worker's specs. With an fp8 e4m3 main
+    cache this plugin describes the fp8 index cache like the main cache; a
+    node without it (or with another version) reports ``float8_e4m3fn/NONE``,
+    and its stage would run mixed.
+    """
+    import torch
+    from vllm.v1.kv_cache_interface import KVQuantMode, SparseCacheRole
+
+    from vllm_minimax_m3_kv.config.indexer_precision import FP8_E4M3_KV_CACHE_DTYPES
+
+    if vllm_config.cache_config.cache_dtype not in FP8_E4M3_KV_CACHE_DTYPES:
+        return
+    pp_size = vllm_config.parallel_config.pipeline_parallel_size
+    per_stage = max(1, len(kv_cache_specs) // max(1, pp_size))
+    for worker, specs in enumerate(kv_cache_specs):
+        stock = [
+            name
+            for name, spec in specs.items()
+            if getattr(spec, "cache_role", None) == SparseCacheRole.INDEXER
+            and spec.dtype == torch.float8_e4m3fn
+            and spec.kv_quant_mode == KVQuantMode.NONE
+        ]
+        if stock:
+            version = _plugin_version()
+            raise PartialInstallError(
+                f"MiniMax-M3 KV precision: worker {worker} (pipeline stage "
+                f"{worker // per_stage} of {pp_size}) describes its fp8 index "
+                f"cache ({stock[0]}, ...) as float8_e4m3fn/NONE, the stock vLLM "
+                "description: that node runs without vllm-minimax-m3-kv "
+                f"{version} (or with another version), so its stage would "
+                "be mixed precision. Install the same version on every node "
+                f"(pip install --no-deps vllm-minimax-m3-kv=={version}), or "
+                "run every node without it (VLLM_PLUGINS)."
+            )
+
+
+def _plugin_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm-minimax-m3-kv")
+    except metadata.PackageNotFoundError:
+        return "(this checkout)"
+
+
 def wrap_get_kv_cache_configs(original: Callable[..., Any]) -> Callable[..., Any]:
     """The planner, then one zeroing decision for MiniMax-M3 engines."""
 
     def get_kv_cache_configs(
-        vllm_config: VllmConfig, *args: Any, **kwargs: Any
+        vllm_config: VllmConfig,
+        kv_cache_specs: list[dict[str, Any]],
+        *args: Any,
+        **kwargs: Any,
     ) -> list[KVCacheConfig]:
         from vllm_minimax_m3_kv.config.facts import is_minimax_m3
 
-        configs = original(vllm_config, *args, **kwargs)
-        if is_minimax_m3(vllm_config.model_config):
+        minimax_m3 = is_minimax_m3(vllm_config.model_config)
+        if minimax_m3:
+            require_plugin_on_every_worker(vllm_config, kv_cache_specs)
+        configs = original(vllm_config, kv_cache_specs, *args, **kwargs)
+        if minimax_m3:
             log_pool(configs, agree_on_zeroing(configs))
         return configs
 
