@@ -153,6 +153,32 @@ def test_missing_aiter_is_named_and_never_answered_with_a_variable_already_set()
     assert decide(facts(NO_AITER, kv="auto")).outcome is Outcome.UNCHANGED
 
 
+def test_drafter_kv_dtype_shares_the_pool_and_every_fix_moves_it_along():
+    same = decide(facts(draft_kv_cache_dtype="fp8_e4m3"))  # same precision
+    assert (same.outcome, same.indexer_kv_dtype) == (Outcome.INHERITED, "fp8")
+    bf16_drafter = decide(facts(draft_kv_cache_dtype="bfloat16"))
+    assert bf16_drafter.outcome is Outcome.ERROR
+    assert "MTP drafter's own KV cache" in bf16_drafter.reason
+    assert bf16_drafter.fixes[0].flags == (
+        ("--speculative-config.kv_cache_dtype", "fp8"),
+    )
+    # The target is refused too (AITER off): a fix that makes the target bf16
+    # also moves an fp8 drafter; one that keeps fp8 leaves it.
+    both = decide(facts(MI355X_NO_AITER, draft_kv_cache_dtype="fp8"))
+    by_summary = {fix.summary: dict(fix.flags) for fix in both.fixes}
+    assert by_summary["main cache bf16"] == {
+        "--kv-cache-dtype": "auto",
+        "--speculative-config.kv_cache_dtype": "auto",
+    }
+    assert (
+        "--speculative-config.kv_cache_dtype"
+        not in by_summary["keep the fp8 KV cache, fp8 indexer"]
+    )
+    # A bf16 target with an fp8 drafter is not "both caches bf16".
+    bf16_target = decide(facts(kv="auto", draft_kv_cache_dtype="fp8"))
+    assert bf16_target.outcome is Outcome.ERROR
+
+
 def test_mixed_pool_errors_offer_the_opt_in_and_it_is_honoured():
     refused = decide(facts(MI355X_NO_AITER))
     opt_in = refused.fixes[-1]
@@ -205,6 +231,7 @@ facts_space = st.builds(
     kv_heads_per_rank=st.sampled_from([1, 2, 4]),
     model_dtype=st.sampled_from(["bfloat16", "float16"]),
     allow_mixed=st.booleans(),
+    draft_kv_cache_dtype=st.sampled_from([None, "auto", "bfloat16", "fp8"]),
 )
 
 
@@ -223,7 +250,13 @@ def test_unchanged_exactly_when_both_caches_are_bf16(case):
     main_bf16 = case.kv_cache_dtype == "bfloat16" or (
         case.kv_cache_dtype == "auto" and case.model_dtype == "bfloat16"
     )
-    both_bf16 = main_bf16 and case.indexer_kv_dtype in ("auto", "bf16")
+    draft = case.draft_kv_cache_dtype
+    draft_bf16 = (
+        draft is None
+        or draft == "bfloat16"
+        or (draft == "auto" and case.model_dtype == "bfloat16")
+    )
+    both_bf16 = main_bf16 and draft_bf16 and case.indexer_kv_dtype in ("auto", "bf16")
     assert (verdict.outcome is Outcome.UNCHANGED) == both_bf16
 
 

@@ -625,14 +625,12 @@ def _drop_rule(name: str) -> None:
     """Mutation testing: run the matrix with one validator rule taken out."""
     from vllm_minimax_m3_kv.config import indexer_precision as policy
 
-    before = len(policy.FP8_INDEXER_RULES) + len(policy.PAIRING_RULES)
-    policy.FP8_INDEXER_RULES = tuple(
-        rule for rule in policy.FP8_INDEXER_RULES if rule.name != name
-    )
-    policy.PAIRING_RULES = tuple(
-        rule for rule in policy.PAIRING_RULES if rule.name != name
-    )
-    assert len(policy.FP8_INDEXER_RULES) + len(policy.PAIRING_RULES) == before - 1
+    tables = ("FP8_INDEXER_RULES", "PAIRING_RULES", "DRAFTER_RULES")
+    before = sum(len(getattr(policy, table)) for table in tables)
+    for table in tables:
+        rules = getattr(policy, table)
+        setattr(policy, table, tuple(rule for rule in rules if rule.name != name))
+    assert sum(len(getattr(policy, table)) for table in tables) == before - 1
 
 
 def main() -> None:

@@ -124,6 +124,7 @@ def test_fix_parsing_round_trips_the_policy_fixes():
 def test_every_rule_is_listed():
     names = {rule.name for rule in policy.FP8_INDEXER_RULES}
     names |= {rule.name for rule in policy.PAIRING_RULES}
+    names |= {rule.name for rule in policy.DRAFTER_RULES}
     assert names == set(RULE_WITNESSES)
     assert all(args[0] in PLATFORMS for args in RULE_WITNESSES.values())
 

@@ -18,7 +18,8 @@ which read the live platform and so cannot judge another machine:
 ``tests/config/test_vllm_gate_contract.py`` pins each rule to those functions
 under simulated MI355X, MI300X and SM100 platforms.
 
-Each rule is a named entry in ``FP8_INDEXER_RULES`` or ``PAIRING_RULES``, so
+Each rule is a named entry in ``FP8_INDEXER_RULES``, ``PAIRING_RULES`` or
+``DRAFTER_RULES``, so
 the reliability matrix (``tests/reliability/``) can take any one out and show
 a configuration that then fails: none is dead weight.
 """
@@ -591,19 +592,28 @@ def _explicit_indexer_matches_fp8_main(
     )
 
 
-def _drafter_kv_cache_matches_target(
-    facts: PrecisionFacts, blockers: list[_Blocker]
-) -> Verdict | None:
+def _drafter_mismatch(facts: PrecisionFacts) -> str | None:
     # The proposer builds the drafter with speculative_config.kv_cache_dtype;
     # its layers share the target's block pool (and its indexer dtype).
     draft = facts.draft_kv_cache_dtype
     if draft is None or facts.draft_cache_precision == facts.main_cache_precision:
         return None
-    return _error(
-        facts,
+    return (
         f"the MTP drafter's own KV cache (speculative_config.kv_cache_dtype="
         f"{draft}) would be {facts.draft_cache_precision} and the target's "
-        f"{facts.main_cache_precision}, in one pool; " + _MIXED_POOL,
+        f"{facts.main_cache_precision}, in one pool"
+    )
+
+
+def _drafter_kv_cache_matches_target(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    why = _drafter_mismatch(facts)
+    if why is None:
+        return None
+    return _error(
+        facts,
+        f"{why}; {_MIXED_POOL}",
         Fix(
             "the drafter shares the target's KV dtype",
             flags=((DRAFT_KV_CACHE_DTYPE_FLAG, facts.kv_cache_dtype),),
@@ -622,7 +632,6 @@ class PairingRule:
 
 
 PAIRING_RULES: tuple[PairingRule, ...] = (
-    PairingRule("drafter_kv_cache_matches_target", _drafter_kv_cache_matches_target),
     PairingRule("fp8_indexer_must_run_here", _fp8_indexer_must_run_here),
     PairingRule("fp8_indexer_needs_e4m3_main", _fp8_indexer_needs_e4m3_main),
     PairingRule("indexer_stores_bf16_or_fp8", _indexer_stores_bf16_or_fp8),
@@ -643,6 +652,32 @@ PAIRING_RULES: tuple[PairingRule, ...] = (
     ),
 )
 """Checked in order unless both caches are bf16; the first that objects decides."""
+
+DRAFTER_RULES: tuple[PairingRule, ...] = (
+    PairingRule("drafter_kv_cache_matches_target", _drafter_kv_cache_matches_target),
+)
+"""Checked once the target's own pool is judged: the drafter's layers join it."""
+
+
+def _with_drafter_matched(facts: PrecisionFacts, verdict: Verdict) -> Verdict:
+    """The target's refusal, each fix also giving the drafter the target's dtype."""
+    if facts.draft_kv_cache_dtype is None:
+        return verdict
+
+    def matched(fix: Fix) -> Fix:
+        # A fix that changes the target's KV dtype must move the drafter too.
+        kv = dict(fix.flags).get(KV_CACHE_DTYPE_FLAG, facts.kv_cache_dtype)
+        if _drafter_mismatch(replace(facts, kv_cache_dtype=kv)) is None:
+            return fix
+        return replace(fix, flags=(*fix.flags, (DRAFT_KV_CACHE_DTYPE_FLAG, kv)))
+
+    why = _drafter_mismatch(facts)
+    reason = (
+        verdict.reason if why is None else f"{verdict.reason.rstrip('.')}; also, {why}."
+    )
+    return replace(
+        verdict, reason=reason, fixes=tuple(matched(fix) for fix in verdict.fixes)
+    )
 
 
 def _accept_mixed(facts: PrecisionFacts, refusal: Verdict) -> Verdict:
@@ -675,12 +710,20 @@ def decide(facts: PrecisionFacts) -> Verdict:
 
     Never changes an explicit indexer dtype: only ``auto`` is resolved.
     """
+    target = _decide_target(replace(facts, draft_kv_cache_dtype=None))
+    if target.outcome is Outcome.ERROR:
+        return _with_drafter_matched(facts, target)
+    for rule in DRAFTER_RULES:
+        verdict = rule.check(facts, [])
+        if verdict is not None:
+            return verdict
+    return target
+
+
+def _decide_target(facts: PrecisionFacts) -> Verdict:
+    """The target model's own two caches."""
     indexer = facts.indexer_kv_dtype
-    if (
-        facts.main_cache_precision == BF16
-        and facts.draft_cache_precision == BF16
-        and indexer in BF16_INDEXER_DTYPES
-    ):
+    if facts.main_cache_precision == BF16 and indexer in BF16_INDEXER_DTYPES:
         return Verdict(Outcome.UNCHANGED, indexer, "both caches bf16")
     blockers = _blockers(facts)
     for rule in PAIRING_RULES:
