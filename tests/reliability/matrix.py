@@ -178,6 +178,9 @@ class Cell:
     """The aiter package's state when a fix installed it; else the platform's."""
     draft_kv_cache_dtype: str | None = None
     """The MTP drafter's own ``speculative_config.kv_cache_dtype``."""
+    foreign_stage: int | None = None
+    """A PP stage whose specs come from a process without the plugin, as a
+    node without it sends them to the engine core."""
 
     @property
     def id(self) -> str:
@@ -197,6 +200,8 @@ class Cell:
             parts.append(f"aiter={self.aiter}")
         if self.draft_kv_cache_dtype is not None:
             parts.append(f"draft_kv={self.draft_kv_cache_dtype}")
+        if self.foreign_stage is not None:
+            parts.append(f"stage{self.foreign_stage}_without_plugin")
         return "/".join(parts)
 
     @property
@@ -268,7 +273,49 @@ def cells(platform: str) -> list[Cell]:
                 KV_CACHE_DTYPES, INDEXER_KV_DTYPES, (1, 8)
             )
         ]
-    return table + extension_cells(platform) + drafter_cells(platform)
+    return (
+        table
+        + extension_cells(platform)
+        + drafter_cells(platform)
+        + partial_install_cells(platform)
+    )
+
+
+PARTIAL_INSTALL_PLATFORMS = ("mi355x-aiter-spa", "sm100")
+_foreign_stages: Path | None = None
+"""Where the stock child wrote its stage specs (``--foreign-stages``)."""
+
+
+def partial_install_cells(platform: str) -> list[Cell]:
+    """PP 2 at TP 4 (one 8-GPU job on two nodes), one stage from a node
+    without the plugin; only when a stock child has written those stages."""
+    if platform not in PARTIAL_INSTALL_PLATFORMS or _foreign_stages is None:
+        return []
+    return [
+        Cell(platform, "fp8", indexer, 4, 2, spec, False, 8192, foreign_stage=stage)
+        for indexer, spec, stage in itertools.product(
+            (None, "fp8"), SPECULATIVE, (0, 1)
+        )
+    ]
+
+
+def _stock_stages_file(platform: str, speculative: str) -> Path:
+    assert _foreign_stages is not None
+    return _foreign_stages / f"{platform}-{speculative}.pkl"
+
+
+def dump_stock_stages(platform: str) -> None:
+    """In a process without the plugin: the PP stages of the configuration
+    the front end resolved (fp8 KV and fp8 indexer), as that node builds them."""
+    import pickle
+
+    for speculative in SPECULATIVE:
+        cell = Cell(platform, "fp8", "fp8", 4, 2, speculative, False, 8192)
+        with sim.environment(cell.environment()):
+            config = sim.make_engine_args(cell.engine()).create_engine_config()
+            built = sim.build_model(config)
+            stages = sim.pp_stages(config, built, 2)
+        _stock_stages_file(platform, speculative).write_bytes(pickle.dumps(stages))
 
 
 DRAFTER_PLATFORMS = ("mi355x-aiter-spa", "mi355x", "sm100")
@@ -417,6 +464,13 @@ def _build_and_plan(cell: Cell, vllm_config: Any) -> dict[str, Any]:
         return entry
     built = entry["built"]
     stages = sim.pp_stages(build_config, built, cell.pipeline_parallel_size)
+    if cell.foreign_stage is not None:
+        import pickle
+
+        theirs = pickle.loads(
+            _stock_stages_file(cell.platform, cell.speculative).read_bytes()
+        )
+        stages[cell.foreign_stage] = theirs[cell.foreign_stage]
     try:
         plan = sim.plan(build_config, stages, KV_MEMORY_BYTES)
     except Exception as error:
@@ -538,6 +592,14 @@ def start_outcome(cell: Cell, result: dict[str, Any]) -> str | None:
 def judge(cell: Cell, result: dict[str, Any]) -> dict[str, Any]:
     """A judged cell's verdict (see the module docstring), or defect."""
     error = result.get("config_error")
+    partial = result.get("plan_error", {})
+    if partial.get("type") == "PartialInstallError":
+        # Refused at KV planning, naming the stage; the fix is the plugin on
+        # that node, i.e. the same cell with every stage built with it.
+        named = f"pipeline stage {cell.foreign_stage} of" in partial["message"]
+        if named and starts(run_cell(replace(cell, foreign_stage=None))):
+            return {"outcome": "plugin_error", "fixes": 1}
+        return {"outcome": "defect", "why": "partial install", "result": result}
     if error is None:
         outcome = start_outcome(cell, result)
         if outcome is not None:
@@ -638,6 +700,16 @@ def main() -> None:
     parser.add_argument("--platform", choices=sorted(PLATFORMS), required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--bf16-only", action="store_true")
+    parser.add_argument(
+        "--foreign-stages",
+        metavar="DIR",
+        help="stage specs from a process without the plugin (see --dump-stock-stages)",
+    )
+    parser.add_argument(
+        "--dump-stock-stages",
+        action="store_true",
+        help="write this platform's stages to --foreign-stages and exit",
+    )
     parser.add_argument("--drop-rule")
     parser.add_argument("--stop-at-defect", action="store_true")
     parser.add_argument(
@@ -648,6 +720,15 @@ def main() -> None:
         help="only cells whose field has this value (repeatable)",
     )
     options = parser.parse_args()
+    global _foreign_stages
+    if options.foreign_stages:
+        _foreign_stages = Path(options.foreign_stages)
+    if options.dump_stock_stages:
+        hardware, _, aiter = PLATFORMS[options.platform]
+        simulate(hardware, aiter)
+        dump_stock_stages(options.platform)
+        Path(options.out).write_text("[]")
+        return
     records = run_platform(
         options.platform,
         bf16_only=options.bf16_only,

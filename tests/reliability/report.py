@@ -11,10 +11,11 @@ import argparse
 import collections
 import json
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tests.reliability.matrix import PLATFORMS
+from tests.reliability.matrix import PARTIAL_INSTALL_PLATFORMS, PLATFORMS
 from tests.sim.process import json_from_out_file
 
 WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
@@ -29,14 +30,25 @@ def run_child(platform: str, *args: str, env: dict[str, str] | None = None) -> l
 def run_matrix(workers: int = 2) -> dict[str, dict[str, list]]:
     """Per platform: records with the plugin, and bf16-only records without it."""
     jobs = [(p, "plugin") for p in PLATFORMS] + [(p, "stock") for p in PLATFORMS]
+    with tempfile.TemporaryDirectory() as stages, ThreadPoolExecutor(workers) as pool:
+        # A node without the plugin, first: its stage specs for the
+        # partial-install cells.
+        foreign = ("--foreign-stages", stages)
+        list(
+            pool.map(
+                lambda platform: run_child(
+                    platform, *foreign, "--dump-stock-stages", env=WITHOUT_PLUGIN
+                ),
+                PARTIAL_INSTALL_PLATFORMS,
+            )
+        )
 
-    def run(job: tuple[str, str]) -> list:
-        platform, kind = job
-        if kind == "plugin":
-            return run_child(platform)
-        return run_child(platform, "--bf16-only", env=WITHOUT_PLUGIN)
+        def run(job: tuple[str, str]) -> list:
+            platform, kind = job
+            if kind == "plugin":
+                return run_child(platform, *foreign)
+            return run_child(platform, "--bf16-only", env=WITHOUT_PLUGIN)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(run, jobs))
     runs: dict[str, dict[str, list]] = collections.defaultdict(dict)
     for (platform, kind), records in zip(jobs, results, strict=True):
