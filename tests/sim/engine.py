@@ -50,13 +50,9 @@ def environment(changes: dict[str, str | None]):
 
 def unwrap(error: BaseException) -> BaseException:
     """The exception a config validator raised, out of pydantic's wrapper."""
-    errors = getattr(error, "errors", None)
-    if callable(errors):
-        with contextlib.suppress(Exception):
-            inner = errors()[0].get("ctx", {}).get("error")
-            if isinstance(inner, BaseException):
-                return inner
-    return error
+    from vllm_minimax_m3_kv.entrypoints.check import validation_cause
+
+    return validation_cause(error)
 
 
 def describe_error(error: BaseException) -> dict[str, Any]:

@@ -294,7 +294,7 @@ def _validate_like_vllm_serve(engine_args: Any, target: str, quiet: bool) -> Non
         with judging_for(target):
             replace(engine_args).create_engine_config()
     except Exception as error:
-        cause = _unwrap(error)
+        cause = validation_cause(error)
         if isinstance(cause, IndexerPrecisionError):
             return
         raise _UsageError(f"vLLM refuses these flags: {_first_line(cause)}") from error
@@ -306,8 +306,8 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def _unwrap(error: BaseException) -> BaseException:
-    """The validator's exception out of pydantic's wrapper."""
+def validation_cause(error: BaseException) -> BaseException:
+    """The exception a config validator raised, out of pydantic's wrapper."""
     errors = getattr(error, "errors", None)
     if callable(errors):
         with contextlib.suppress(Exception):
@@ -319,7 +319,7 @@ def _unwrap(error: BaseException) -> BaseException:
 
 def _unreadable_model(model: str, error: Exception) -> str:
     if Path(model).is_dir():  # read, and refused by vLLM's own validation
-        return f"vLLM refuses these flags: {_first_line(_unwrap(error))}"
+        return f"vLLM refuses these flags: {_first_line(validation_cause(error))}"
     return (
         f"cannot read the model config for {model!r}: it is not a local "
         "directory, and check does not download (HF_HUB_OFFLINE=1 unless you "
