@@ -336,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     # A preflight reads configs it has; a hub id it lacks fails at once
     # rather than retrying for minutes on a machine without network.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # stdout is the plan (or its JSON); vLLM's own logs, shown with
+    # --verbose, go to stderr.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if argv[:1] == ["check"]:
         argv = argv[1:]
     try:
