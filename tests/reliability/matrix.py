@@ -12,6 +12,12 @@ One declared table and one judge. The table is two parts:
   (every pair of their values appears; ``covering.py``). The core's
   KV-dtype x opt-in-unset combinations are not repeated.
 
+plus, declared in the same way: platforms without aiter or without its MSA
+kernels (``COVERING_ONLY_PLATFORMS``, extension design only), MTP drafters with
+their own KV dtype (``drafter_cells``), and one PP stage's specs from a process
+without the plugin (``partial_install_cells``, when ``--foreign-stages`` is
+given).
+
 Every cell whose two caches are not both bf16 must end in exactly one of:
 
 - ``uniform``: ``create_engine_config`` succeeds, the real model (and MTP

@@ -276,7 +276,8 @@ def _rocm_needs_aiter_installed(facts: PrecisionFacts) -> _Blocker | None:
 
 
 def _rocm_needs_aiter_msa_kernels(facts: PrecisionFacts) -> _Blocker | None:
-    # MiniMaxM3IndexerMSAImpl imports them at model build.
+    # The MSA indexer imports them in its CP gate (model build, TP > 1) and
+    # in its kernel launches: without them a model builds, then fails a request.
     platform = facts.platform
     if (
         platform.vendor != "rocm"
