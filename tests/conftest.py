@@ -45,3 +45,22 @@ def run_scenarios(
 @pytest.fixture(scope="session")
 def scenario_runner():
     return run_scenarios
+
+
+@pytest.fixture(scope="session")
+def reliability_matrix(tmp_path_factory, worker_id) -> dict[str, dict[str, list]]:
+    """The whole reliability matrix (``tests/reliability/report.py``), run once
+    per test run: judged in ``tests/reliability/``, and the plugin's side of
+    the upstream patch's equivalence test in ``tests/upstream/``. Under xdist
+    the first worker to ask runs it and the other reads its result."""
+    from filelock import FileLock
+
+    from tests.reliability.report import run_matrix
+
+    if worker_id == "master":
+        return run_matrix()
+    shared = tmp_path_factory.getbasetemp().parent / "reliability_matrix.json"
+    with FileLock(f"{shared}.lock"):
+        if not shared.is_file():
+            shared.write_text(json.dumps(run_matrix()))
+        return json.loads(shared.read_text())

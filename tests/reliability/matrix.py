@@ -160,6 +160,29 @@ reaches model build (the opt-in accepted its mixed pool) is affected, and it is
 counted as a simulation limit, never as a start."""
 
 
+# Where each rule's removal must show: a platform and the slice of its cells
+# that depend on the rule (the full platform would do, only slower). A rule
+# missing here fails test_every_rule_is_listed. Also the rules' share of the
+# upstream patch's equivalence cells (tests/upstream/).
+RULE_WITNESSES: dict[str, tuple[str, ...]] = {
+    "indexer_cp_needs_rocm_tp": ("sm100", "indexer_cp=True"),
+    "rocm_needs_gfx950": ("mi300x-aiter-spa", "kv_cache_dtype=fp8"),
+    "rocm_needs_aiter_installed": ("mi355x-no-aiter-env", "kv_cache_dtype=fp8"),
+    "rocm_needs_aiter_msa_kernels": ("mi355x-aiter-no-msa-env", "kv_cache_dtype=fp8"),
+    "rocm_needs_aiter_sparse_pa": ("mi355x", "kv_cache_dtype=fp8"),
+    "rocm_msa_shape_contract": ("mi355x-aiter-spa", "checkpoint=topk32"),
+    "rocm_msa_topk_block_limit": ("mi355x-aiter-spa", "max_model_len=1048704"),
+    "needs_fp8_capable_gpu": ("sm80", "kv_cache_dtype=fp8"),
+    "drafter_kv_cache_matches_target": ("sm100", "draft_kv_cache_dtype=auto"),
+    "fp8_indexer_must_run_here": ("mi355x", "indexer_kv_dtype=fp8"),
+    "fp8_indexer_needs_e4m3_main": ("sm100", "indexer_kv_dtype=fp8"),
+    "indexer_stores_bf16_or_fp8": ("sm100", "indexer_kv_dtype=mxfp4"),
+    "main_cache_matches_an_indexer": ("sm100", "kv_cache_dtype=int8_per_token_head"),
+    "auto_indexer_needs_an_fp8_indexer": ("mi355x", "kv_cache_dtype=fp8"),
+    "explicit_indexer_matches_fp8_main": ("sm100", "indexer_kv_dtype=bf16"),
+}
+
+
 def vllm_kv_cache_dtypes() -> tuple[str, ...]:
     """vLLM's ``KV_CACHE_DTYPES``, read now (platforms append to it)."""
     from vllm.config.cache import KV_CACHE_DTYPES as VLLM_KV_CACHE_DTYPES
@@ -657,6 +680,42 @@ def comparable(result: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+def outcome_class(cell: Cell, result: dict[str, Any]) -> str:
+    """What a user sees of a cell, whoever decided it: refused at config
+    time, started uniform (with which indexer dtype), started mixed, or how
+    it failed later. Messages are left out: they may differ between a plugin
+    and an upstream fix that agree."""
+    error = result.get("config_error")
+    if error is not None:
+        # IndexerPrecisionError is the plugin's ValueError.
+        kind = "ValueError" if error["from_plugin"] else error["type"]
+        return "config_error" if kind == "ValueError" else f"config_error:{kind}"
+    start = start_outcome(cell, result)
+    if start == "uniform":
+        return f"uniform/indexer={result['indexer_kv_dtype']}"
+    if start is not None:
+        return start
+    if result.get("missing_kernels"):
+        return "msa_kernels_missing"
+    for stage in ("build_error", "plan_error"):
+        if stage in result:
+            return f"{stage}:{result[stage]['type']}"
+    return "zeroing_needed"
+
+
+def matches(cell: Cell, where: dict[str, str]) -> bool:
+    """Whether a cell has every ``FIELD=VALUE`` of ``where`` (as on the CLI)."""
+    return all(str(getattr(cell, k)) == v for k, v in where.items())
+
+
+def use_platform(platform: str) -> None:
+    """Simulate a platform's hardware and aiter state for this process."""
+    global _aiter_now
+    hardware, _, aiter = PLATFORMS[platform]
+    simulate(hardware, aiter)
+    _aiter_now = aiter
+
+
 def run_platform(
     platform: str,
     bf16_only: bool = False,
@@ -665,20 +724,21 @@ def run_platform(
     where: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every cell of one platform, in this process."""
-    global _aiter_now
-    hardware, _, aiter = PLATFORMS[platform]
-    simulate(hardware, aiter)
-    _aiter_now = aiter
+    use_platform(platform)
     if drop_rule is not None:
         _drop_rule(drop_rule)
     records = []
     for cell in cells(platform):
         if bf16_only and not cell.bf16_only:
             continue
-        if any(str(getattr(cell, k)) != v for k, v in (where or {}).items()):
+        if not matches(cell, where or {}):
             continue
         result = run_cell(cell)
-        record: dict[str, Any] = {"cell": asdict(cell), "id": cell.id}
+        record: dict[str, Any] = {
+            "cell": asdict(cell),
+            "id": cell.id,
+            "class": outcome_class(cell, result),
+        }
         if cell.bf16_only:
             record["result"] = comparable(result)
         else:

@@ -12,41 +12,25 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.reliability.matrix import PLATFORMS, Cell, apply_fix, parse_fixes
+from tests.reliability.matrix import (
+    PLATFORMS,
+    RULE_WITNESSES,
+    Cell,
+    apply_fix,
+    parse_fixes,
+)
 from tests.reliability.report import (
     bf16_only_mismatches,
     count,
     run_child,
-    run_matrix,
 )
 from tests.sim.process import json_from_stdout
 from vllm_minimax_m3_kv.config import indexer_precision as policy
 
-# Where each rule's removal must show: a platform and the slice of its cells
-# that depend on the rule (the full platform would do, only slower). A rule
-# missing here fails test_every_rule_is_listed.
-RULE_WITNESSES: dict[str, tuple[str, ...]] = {
-    "indexer_cp_needs_rocm_tp": ("sm100", "indexer_cp=True"),
-    "rocm_needs_gfx950": ("mi300x-aiter-spa", "kv_cache_dtype=fp8"),
-    "rocm_needs_aiter_installed": ("mi355x-no-aiter-env", "kv_cache_dtype=fp8"),
-    "rocm_needs_aiter_msa_kernels": ("mi355x-aiter-no-msa-env", "kv_cache_dtype=fp8"),
-    "rocm_needs_aiter_sparse_pa": ("mi355x", "kv_cache_dtype=fp8"),
-    "rocm_msa_shape_contract": ("mi355x-aiter-spa", "checkpoint=topk32"),
-    "rocm_msa_topk_block_limit": ("mi355x-aiter-spa", "max_model_len=1048704"),
-    "needs_fp8_capable_gpu": ("sm80", "kv_cache_dtype=fp8"),
-    "drafter_kv_cache_matches_target": ("sm100", "draft_kv_cache_dtype=auto"),
-    "fp8_indexer_must_run_here": ("mi355x", "indexer_kv_dtype=fp8"),
-    "fp8_indexer_needs_e4m3_main": ("sm100", "indexer_kv_dtype=fp8"),
-    "indexer_stores_bf16_or_fp8": ("sm100", "indexer_kv_dtype=mxfp4"),
-    "main_cache_matches_an_indexer": ("sm100", "kv_cache_dtype=int8_per_token_head"),
-    "auto_indexer_needs_an_fp8_indexer": ("mi355x", "kv_cache_dtype=fp8"),
-    "explicit_indexer_matches_fp8_main": ("sm100", "indexer_kv_dtype=bf16"),
-}
-
 
 @pytest.fixture(scope="module")
-def matrix():
-    return run_matrix()
+def matrix(reliability_matrix):
+    return reliability_matrix
 
 
 def _defects(records: list) -> list:
