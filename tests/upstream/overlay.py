@@ -1,0 +1,115 @@
+"""The upstream patch applied to a copy of the installed vLLM, never to vLLM itself.
+
+:func:`build` copies the files the patch modifies out of the installed
+``vllm`` package, runs ``git apply`` on those copies (the wheel's Python
+sources are vLLM v0.33.0's, so this is the check that the patch applies), and
+assembles an overlay: a ``vllm/`` tree of symlinks into the installed package,
+with real directories only along the paths to patched files. A child process
+with the overlay first on ``PYTHONPATH`` imports the patched vLLM; the
+installed package is only read. The patch's own ``tests/`` files land beside
+the overlay, to run with pytest from outside any source tree.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PATCH = REPO / "upstream" / "minimax-m3-index-cache-dtype.patch"
+
+
+def installed_vllm() -> Path:
+    """The installed ``vllm`` package directory, found without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("vLLM is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def touched_paths(patch: Path = PATCH) -> dict[str, bool]:
+    """Repository paths the patch writes -> whether the file exists before it."""
+    touched: dict[str, bool] = {}
+    current = None
+    for line in patch.read_text(encoding="utf-8").splitlines():
+        if match := re.match(r"diff --git a/(\S+) b/(\S+)$", line):
+            current = match.group(2)
+            touched[current] = True
+        elif line.startswith("new file mode") and current is not None:
+            touched[current] = False
+    return touched
+
+
+@dataclass(frozen=True)
+class Overlay:
+    root: Path
+    """Put first on ``PYTHONPATH``: holds the patched ``vllm`` package."""
+    tests: Path
+    """The patch's ``tests/`` files."""
+    patched: tuple[str, ...]
+    """The ``vllm/...`` files that differ from the installed package."""
+
+
+def _apply(patch: Path, tree: Path, vllm_root: Path) -> None:
+    for path, exists in touched_paths(patch).items():
+        if exists:
+            if not path.startswith("vllm/"):
+                raise RuntimeError(f"{path}: only vllm/ files exist in the wheel")
+            target = tree / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(vllm_root / path.removeprefix("vllm/"), target)
+    for args in (("--check",), ()):
+        # Outside a git repository, git apply patches the files in cwd.
+        subprocess.run(
+            ["git", "apply", *args, "--whitespace=error-all", str(patch)],
+            cwd=tree,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+
+def _link_tree(installed: Path, patched: Path, into: Path) -> None:
+    """``into`` mirrors ``installed`` by symlinks, except what ``patched`` has."""
+    into.mkdir(parents=True)
+    own = {entry.name: entry for entry in patched.iterdir()}
+    for entry in installed.iterdir():
+        if entry.name == "__pycache__" or entry.name in own:
+            continue  # stale bytecode for the patched files stays out
+        (into / entry.name).symlink_to(entry, entry.is_dir())
+    for name, entry in own.items():
+        if entry.is_dir() and (installed / name).is_dir():
+            _link_tree(installed / name, entry, into / name)
+        elif entry.is_dir():
+            shutil.copytree(entry, into / name)
+        else:
+            shutil.copyfile(entry, into / name)
+
+
+def build(workdir: Path, patch: Path = PATCH) -> Overlay:
+    """Apply the patch in ``workdir`` and assemble the overlay there."""
+    vllm_root = installed_vllm()
+    tree = workdir / "patched"
+    tree.mkdir(parents=True)
+    _apply(patch, tree, vllm_root)
+    root = workdir / "overlay"
+    _link_tree(vllm_root, tree / "vllm", root / "vllm")
+    patched = tuple(p for p in touched_paths(patch) if p.startswith("vllm/"))
+    return Overlay(root=root, tests=tree / "tests", patched=patched)
+
+
+def child_env(overlay: Overlay) -> dict[str, str]:
+    """Environment for a child that runs the patched vLLM without the plugin."""
+    from tests.sim.process import REPO as SIM_REPO
+
+    return {
+        "PYTHONPATH": f"{overlay.root}:{SIM_REPO}",
+        # vLLM loads every general plugin unless told which: name only another.
+        "VLLM_PLUGINS": "lora_filesystem_resolver",
+        # Imports through the symlinks must not write into the installed package.
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }

@@ -1,0 +1,155 @@
+"""The upstream patch (``upstream/``): it applies to the installed vLLM 0.33,
+its own tests pass there, and without the plugin it reaches the plugin's
+outcome on every fp8 cell of the reliability matrix, except the declared
+differences in ``equivalence.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.matrix import PLATFORMS, RULE_WITNESSES, matches
+from tests.sim.process import child_env, json_from_out_file
+from tests.upstream import equivalence, overlay
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory) -> overlay.Overlay:
+    return overlay.build(tmp_path_factory.mktemp("upstream"))
+
+
+def test_patch_applies_to_the_installed_vllm_and_changes_only_copies(patched):
+    installed = overlay.installed_vllm()
+    changed = [
+        path
+        for path in patched.patched
+        if not (installed / path.removeprefix("vllm/")).is_file()
+        or (patched.root / path).read_bytes()
+        != (installed / path.removeprefix("vllm/")).read_bytes()
+    ]
+    assert changed == list(patched.patched)
+    for path in patched.patched:
+        assert not (patched.root / path).is_symlink(), path
+    # Everything else is the installed package itself.
+    assert (patched.root / "vllm" / "envs.py").resolve() == installed / "envs.py"
+
+
+def _pytest_in_child(tests: Path, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+        cwd=cwd,
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return proc.returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_patch_unit_tests_pass_on_the_patched_vllm_and_fail_on_stock(patched, tmp_path):
+    # From outside both source trees, as vLLM's CI runs against an install.
+    returncode, output = _pytest_in_child(
+        patched.tests, tmp_path, overlay.child_env(patched)
+    )
+    assert returncode == 0, output
+    passed = re.search(r"(\d+) passed", output)
+    assert passed and int(passed.group(1)) >= 30, output
+    # The same tests on stock vLLM 0.33: they test the patch, not vLLM.
+    stock = {**overlay.child_env(patched), "PYTHONPATH": ""}
+    returncode, output = _pytest_in_child(patched.tests, tmp_path, stock)
+    assert returncode != 0, output
+
+
+# Also run with the plugin installed on the patched vLLM, as during the move.
+WITH_PLUGIN_PLATFORMS = ("mi355x-aiter-spa", "sm100")
+
+
+@pytest.fixture(scope="module")
+def upstream_runs(patched) -> dict[str, dict[str, dict]]:
+    """The equivalence cells on the patched vLLM, per platform: ``alone``
+    (plugin excluded) and ``with_plugin`` (both installed)."""
+    jobs = [("alone", p) for p in PLATFORMS]
+    jobs += [("with_plugin", p) for p in WITH_PLUGIN_PLATFORMS]
+
+    def run(job: tuple[str, str]) -> dict:
+        kind, platform = job
+        env = overlay.child_env(patched)
+        if kind == "with_plugin":
+            del env["VLLM_PLUGINS"]  # every installed plugin loads
+        argv = ["-m", "tests.upstream.equivalence", "--platform", platform]
+        return json_from_out_file(argv, env, timeout=1800)
+
+    runs: dict[str, dict[str, dict]] = {"alone": {}, "with_plugin": {}}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for (kind, platform), result in zip(jobs, pool.map(run, jobs), strict=True):
+            runs[kind][platform] = result
+    return runs
+
+
+def test_children_ran_the_patched_vllm(patched, upstream_runs):
+    for kind, registered in (("alone", None), ("with_plugin", True)):
+        for platform, run in upstream_runs[kind].items():
+            assert Path(run["vllm"]).is_relative_to(patched.root), platform
+            assert run["plugin_registered"] is registered, (kind, platform)
+
+
+def test_equivalence_cells_cover_every_rule():
+    for rule, (platform, *where) in RULE_WITNESSES.items():
+        witnesses = dict(item.split("=", 1) for item in where)
+        cells = equivalence.equivalence_cells(platform)
+        assert any(matches(cell, witnesses) for cell in cells), rule
+
+
+def _compare(
+    reliability_matrix: dict, runs: dict[str, dict]
+) -> tuple[collections.Counter[str], list]:
+    """Cell by cell: the plugin on stock vLLM against the patched runs."""
+    tally: collections.Counter[str] = collections.Counter()
+    unexplained = []
+    for platform, run in runs.items():
+        plugin = {r["id"]: r for r in reliability_matrix[platform]["plugin"]}
+        cells = {c.id: c for c in equivalence.equivalence_cells(platform)}
+        assert len(run["records"]) == len(cells) > 0, platform
+        for record in run["records"]:
+            ours, theirs = plugin[record["id"]]["class"], record["class"]
+            if ours == theirs:
+                tally[f"same {ours.split('/')[0]}"] += 1
+                continue
+            declared = equivalence.explain(cells[record["id"]], ours, theirs)
+            if declared is None:
+                unexplained.append((record["id"], ours, theirs, record.get("message")))
+            else:
+                tally[declared] += 1
+    return tally, unexplained
+
+
+def test_upstream_patch_reaches_the_plugins_outcome(reliability_matrix, upstream_runs):
+    tally, unexplained = _compare(reliability_matrix, upstream_runs["alone"])
+    assert not unexplained, json.dumps(unexplained[:10], indent=1)
+    # Both sides start uniform pools and refuse mixed ones, many times over.
+    assert tally["same uniform"] > 1000 and tally["same config_error"] > 10000, tally
+    # Every declared difference is one the cells actually show.
+    for difference in equivalence.DECLARED_DIFFERENCES:
+        assert tally[difference.name] > 0, (difference.name, tally)
+    print(json.dumps(tally, indent=1))
+
+
+def test_plugin_on_a_patched_vllm_keeps_the_patched_outcome(
+    reliability_matrix, upstream_runs
+):
+    """Both installed: the patch decides first, and the plugin agrees with it
+    (its opt-in cannot reopen what the patch refuses)."""
+    tally, unexplained = _compare(reliability_matrix, upstream_runs["with_plugin"])
+    assert not unexplained, json.dumps(unexplained[:10], indent=1)
+    assert tally["same uniform"] > 100, tally
+    alone = upstream_runs["alone"]
+    for platform, run in upstream_runs["with_plugin"].items():
+        assert run["records"] == alone[platform]["records"], platform
