@@ -211,7 +211,9 @@ PATCHES: tuple[Patch, ...] = (
         ),
         upstream=(
             "Model-side alternative to vllm-project/vllm#64472 (scheduler keeps "
-            "the zeroing decision, PP stages agree); builds on #54466 and #47287."
+            "the zeroing decision, PP stages agree); builds on #54466 and #47287. "
+            "Proposed natively in upstream/ (PR.md): MiniMax-M3's own "
+            "VerifyAndUpdateConfig entry."
         ),
         remove_when=(
             "vLLM resolves MiniMax-M3's indexer dtype from --kv-cache-dtype and "
@@ -235,8 +237,9 @@ PATCHES: tuple[Patch, ...] = (
             "float8_e4m3fn. Same bytes, same page size, same kernel input."
         ),
         upstream=(
-            "Awaits an upstream fix; #64472 instead keeps zeroing on for mixed "
-            "pools rather than making this pool uniform."
+            "Awaits an upstream fix, proposed in upstream/ (PR.md); #64472 "
+            "instead keeps zeroing on for mixed pools rather than making this "
+            "pool uniform."
         ),
         remove_when=(
             "vLLM describes fp8 e4m3 caches one way, or compares storage bytes "

@@ -17,6 +17,7 @@ reliability matrix's own run on stock vLLM.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 from collections.abc import Callable
@@ -112,6 +113,37 @@ def explain(cell: Cell, plugin: str, upstream: str) -> str | None:
         ):
             return difference.name
     return None
+
+
+@dataclass
+class Comparison:
+    """One platform's cells, plugin on stock vLLM against the patched vLLM."""
+
+    tally: collections.Counter[str]
+    """``same <class>`` per agreeing class, and each declared difference."""
+    unexplained: list[tuple[str, str, str, str | None]]
+    """(cell, plugin's class, patched class, patched message) otherwise."""
+
+
+def compare(platform: str, plugin_records: list[dict], run: dict) -> Comparison:
+    plugin = {record["id"]: record["class"] for record in plugin_records}
+    cells = {cell.id: cell for cell in equivalence_cells(platform)}
+    if len(run["records"]) != len(cells):
+        raise AssertionError(f"{platform}: ran {len(run['records'])} of {len(cells)}")
+    comparison = Comparison(collections.Counter(), [])
+    for record in run["records"]:
+        ours, theirs = plugin[record["id"]], record["class"]
+        if ours == theirs:
+            comparison.tally[f"same {ours.split('/')[0]}"] += 1
+            continue
+        declared = explain(cells[record["id"]], ours, theirs)
+        if declared is None:
+            comparison.unexplained.append(
+                (record["id"], ours, theirs, record.get("message"))
+            )
+        else:
+            comparison.tally[declared] += 1
+    return comparison
 
 
 def run(platform: str) -> dict:

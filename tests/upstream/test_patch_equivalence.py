@@ -11,14 +11,14 @@ import json
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.reliability.matrix import PLATFORMS, RULE_WITNESSES, matches
-from tests.sim.process import child_env, json_from_out_file
+from tests.reliability.matrix import RULE_WITNESSES, matches
+from tests.sim.process import child_env
 from tests.upstream import equivalence, overlay
+from tests.upstream.report import run_patched
 
 
 @pytest.fixture(scope="module")
@@ -76,22 +76,10 @@ WITH_PLUGIN_PLATFORMS = ("mi355x-aiter-spa", "sm100")
 def upstream_runs(patched) -> dict[str, dict[str, dict]]:
     """The equivalence cells on the patched vLLM, per platform: ``alone``
     (plugin excluded) and ``with_plugin`` (both installed)."""
-    jobs = [("alone", p) for p in PLATFORMS]
-    jobs += [("with_plugin", p) for p in WITH_PLUGIN_PLATFORMS]
-
-    def run(job: tuple[str, str]) -> dict:
-        kind, platform = job
-        env = overlay.child_env(patched)
-        if kind == "with_plugin":
-            del env["VLLM_PLUGINS"]  # every installed plugin loads
-        argv = ["-m", "tests.upstream.equivalence", "--platform", platform]
-        return json_from_out_file(argv, env, timeout=1800)
-
-    runs: dict[str, dict[str, dict]] = {"alone": {}, "with_plugin": {}}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for (kind, platform), result in zip(jobs, pool.map(run, jobs), strict=True):
-            runs[kind][platform] = result
-    return runs
+    return {
+        "alone": run_patched(patched),
+        "with_plugin": run_patched(patched, WITH_PLUGIN_PLATFORMS, with_plugin=True),
+    }
 
 
 def test_children_ran_the_patched_vllm(patched, upstream_runs):
@@ -111,23 +99,13 @@ def test_equivalence_cells_cover_every_rule():
 def _compare(
     reliability_matrix: dict, runs: dict[str, dict]
 ) -> tuple[collections.Counter[str], list]:
-    """Cell by cell: the plugin on stock vLLM against the patched runs."""
     tally: collections.Counter[str] = collections.Counter()
     unexplained = []
     for platform, run in runs.items():
-        plugin = {r["id"]: r for r in reliability_matrix[platform]["plugin"]}
-        cells = {c.id: c for c in equivalence.equivalence_cells(platform)}
-        assert len(run["records"]) == len(cells) > 0, platform
-        for record in run["records"]:
-            ours, theirs = plugin[record["id"]]["class"], record["class"]
-            if ours == theirs:
-                tally[f"same {ours.split('/')[0]}"] += 1
-                continue
-            declared = equivalence.explain(cells[record["id"]], ours, theirs)
-            if declared is None:
-                unexplained.append((record["id"], ours, theirs, record.get("message")))
-            else:
-                tally[declared] += 1
+        plugin = reliability_matrix[platform]["plugin"]
+        comparison = equivalence.compare(platform, plugin, run)
+        tally.update(comparison.tally)
+        unexplained += comparison.unexplained
     return tally, unexplained
 
 
