@@ -11,11 +11,13 @@ from __future__ import annotations
 __all__ = ["register"]
 
 _registered: bool | None = None
+_applied: tuple[str, ...] = ()
+"""The registry entries this process applied (``patches.PATCHES`` names)."""
 
 
 def register() -> None:
     """Apply every patch in the registry, or none if vLLM is unfamiliar."""
-    global _registered
+    global _registered, _applied
     if _registered is not None:
         return
     from vllm_minimax_m3_kv import patches
@@ -32,10 +34,21 @@ def register() -> None:
             "; ".join(problems),
         )
         return
+    applied, left_to_vllm = [], []
     for patch in patches.PATCHES:
+        if (native := patch.superseded()) is not None:
+            left_to_vllm.append(f"{patch.name} ({native})")
+            continue
         patch.apply()
+        applied.append(patch.name)
+    _applied = tuple(applied)
     _registered = True
     # INFO, so an operator can grep a server log for it (one line per process).
-    logger.info(
-        "vllm-minimax-m3-kv active: %s", ", ".join(p.name for p in patches.PATCHES)
-    )
+    logger.info("vllm-minimax-m3-kv active: %s", ", ".join(applied))
+    if left_to_vllm:
+        logger.info(
+            "vllm-minimax-m3-kv: this vLLM already does %s; those entries stay "
+            "out, and VLLM_MINIMAX_M3_KV_ALLOW_MIXED cannot reopen what vLLM "
+            "refuses.",
+            "; ".join(left_to_vllm),
+        )

@@ -41,6 +41,10 @@ class Patch:
     detect: Callable[[], str | None]
     """None when the installed vLLM has what ``apply`` changes, else why not."""
     apply: Callable[[], None]
+    superseded: Callable[[], str | None] = lambda: None
+    """What in the installed vLLM already does this, or None. A superseded
+    entry is neither detected nor applied: the plugin retires entry by entry
+    as vLLM takes the fix (``upstream/``)."""
 
 
 def _vllm_file(module: str) -> Path | None:
@@ -64,6 +68,17 @@ def _source_lacks(module: str, *needles: str) -> str | None:
 
 
 # -- MiniMax-M3 config hook ---------------------------------------------------
+
+# Where upstream/minimax-m3-index-cache-dtype.patch puts the decision in vLLM.
+NATIVE_DECISION_MODULE = "vllm.models.minimax_m3.common.index_cache_dtype"
+
+
+def native_decision_in_vllm() -> str | None:
+    if _vllm_file(NATIVE_DECISION_MODULE) is None or _source_lacks(
+        MODELS_CONFIG_MODULE, "verify_and_update_index_cache_dtype"
+    ):
+        return None
+    return f"{NATIVE_DECISION_MODULE}, run from MiniMax-M3's config entry"
 
 
 def _detect_config_hook() -> str | None:
@@ -103,6 +118,16 @@ def _detect_indexer_cache() -> str | None:
         "def bind_kv_cache",
         "cache_dtype = torch.float8_e4m3fn",
     )
+
+
+def _native_indexer_cache() -> str | None:
+    # The patched get_kv_cache_spec asks get_kv_quant_mode for the main cache's
+    # description; stock 0.33's never does.
+    if _vllm_file(INDEXER_MODULE) is None or _source_lacks(
+        INDEXER_MODULE, "get_kv_quant_mode(main_cache_dtype)"
+    ):
+        return None
+    return "MiniMaxM3IndexerCache.get_kv_cache_spec"
 
 
 def _patch_indexer_cache(module: ModuleType) -> None:
@@ -221,6 +246,7 @@ PATCHES: tuple[Patch, ...] = (
         ),
         detect=_detect_config_hook,
         apply=_apply_config_hook,
+        superseded=native_decision_in_vllm,
     ),
     Patch(
         name="minimax_m3_indexer_cache_storage",
@@ -247,6 +273,7 @@ PATCHES: tuple[Patch, ...] = (
         ),
         detect=_detect_indexer_cache,
         apply=_apply_indexer_cache,
+        superseded=_native_indexer_cache,
     ),
     Patch(
         name="minimax_m3_kv_zeroing_decision",
@@ -322,4 +349,8 @@ def unsupported_reasons() -> list[str]:
     problem = vllm_version_problem()
     if problem is not None:
         return [problem]
-    return [f"{p.name}: {why}" for p in PATCHES if (why := p.detect()) is not None]
+    return [
+        f"{p.name}: {why}"
+        for p in PATCHES
+        if p.superseded() is None and (why := p.detect()) is not None
+    ]

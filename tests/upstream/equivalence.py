@@ -163,6 +163,7 @@ def run(platform: str) -> dict:
         "vllm": vllm.__file__,
         # None: vLLM never called the plugin's register() in this process.
         "plugin_registered": vllm_minimax_m3_kv._registered,
+        "plugin_applied": list(vllm_minimax_m3_kv._applied),
         "records": records,
     }
 

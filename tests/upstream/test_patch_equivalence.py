@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.matrix import RULE_WITNESSES, matches
-from tests.sim.process import child_env
+from tests.sim.process import child_env, json_from_out_file
 from tests.upstream import equivalence, overlay
 from tests.upstream.report import run_patched
 
@@ -82,11 +82,48 @@ def upstream_runs(patched) -> dict[str, dict[str, dict]]:
     }
 
 
+# What the plugin still does on a vLLM carrying the fix; the rest is vLLM's.
+NOT_IN_THE_PATCH = ["minimax_m3_kv_zeroing_decision", "minimax_m3_kv_allow_mixed_env"]
+
+
 def test_children_ran_the_patched_vllm(patched, upstream_runs):
-    for kind, registered in (("alone", None), ("with_plugin", True)):
+    for kind, registered, applied in (
+        ("alone", None, []),
+        ("with_plugin", True, NOT_IN_THE_PATCH),
+    ):
         for platform, run in upstream_runs[kind].items():
             assert Path(run["vllm"]).is_relative_to(patched.root), platform
             assert run["plugin_registered"] is registered, (kind, platform)
+            # On the patched vLLM the plugin's own hook and cache entries
+            # stand down (patches.Patch.superseded).
+            assert run["plugin_applied"] == applied, (kind, platform)
+
+
+def test_check_on_a_patched_vllm_still_judges_the_target_gpu(patched, tmp_path):
+    """``check`` runs vLLM's config validation on this CPU, where a vLLM
+    carrying the fix refuses an fp8 KV cache for the CPU itself."""
+    cases = [
+        {
+            "argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"],
+            "env": {
+                "VLLM_ROCM_USE_AITER": "1",
+                "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
+            },
+        },
+        {"argv": ["--target", "mi300x", "--kv-cache-dtype", "fp8", "-tp", "8"]},
+        {"argv": ["--target", "b300", "--kv-cache-dtype", "fp8", "-tp", "3"]},
+    ]
+    cases_file = tmp_path / "cases.json"
+    cases_file.write_text(json.dumps(cases))
+    env = overlay.child_env(patched)
+    del env["VLLM_PLUGINS"]
+    argv = ["-m", "tests.sim.check_batch", str(cases_file)]
+    inherits, refused, bad_tp = json_from_out_file(argv, env)
+    assert inherits["exit"] == 0, inherits["stderr"]
+    assert inherits["plan"]["indexer_inherited"], inherits["plan"]
+    assert refused["exit"] == 2, refused["stderr"]
+    # vLLM's other validation still speaks: 4 KV heads do not split over TP 3.
+    assert bad_tp["exit"] == 1, bad_tp
 
 
 def test_equivalence_cells_cover_every_rule():
