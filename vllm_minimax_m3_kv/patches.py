@@ -4,8 +4,11 @@ Each entry says why, how, which upstream PR it mirrors or awaits, and when to
 delete it. ``detect`` runs at plugin load without importing model or kernel
 code; only when every entry recognises the installed vLLM is anything applied,
 so an unfamiliar vLLM gets one warning and stock behaviour, never half a patch.
-``tests/test_plugin_load.py`` covers each entry, and the end-to-end tests
-in ``tests/models/`` fail if either one stops working.
+An entry whose ``superseded`` finds the fix already in vLLM (``upstream/``
+applied) is left out instead, and logged once, so the plugin retires entry by
+entry. ``tests/test_plugin_load.py`` covers each entry, the end-to-end tests
+in ``tests/models/`` fail if one stops working, and ``tests/upstream/`` runs
+the plugin on a vLLM carrying the fix.
 """
 
 from __future__ import annotations
