@@ -9,6 +9,11 @@ applied) is left out instead, and logged once, so the plugin retires entry by
 entry. ``tests/test_plugin_load.py`` covers each entry, the end-to-end tests
 in ``tests/models/`` fail if one stops working, and ``tests/upstream/`` runs
 the plugin on a vLLM carrying the fix.
+
+Outside this registry, and never while serving: the offline ``check`` command,
+on a vLLM carrying the fix, has vLLM's own MiniMax-M3 decision give the
+target GPU's verdict for its one validation run, then restores it
+(``entrypoints/check.py``, ``_native_decision_gives``).
 """
 
 from __future__ import annotations
