@@ -11,9 +11,9 @@ in ``tests/models/`` fail if one stops working, and ``tests/upstream/`` runs
 the plugin on a vLLM carrying the fix.
 
 Outside this registry, and never while serving: the offline ``check`` command,
-on a vLLM carrying the fix, has vLLM's own MiniMax-M3 decision give the
-target GPU's verdict for its one validation run, then restores it
-(``entrypoints/check.py``, ``_native_decision_gives``).
+on a vLLM carrying the fix, runs the plugin's hook in place of vLLM's own
+MiniMax-M3 decision for its one validation run, so it judges the target GPU,
+then restores it (``entrypoints/check.py``, ``_native_decision_stands_aside``).
 """
 
 from __future__ import annotations

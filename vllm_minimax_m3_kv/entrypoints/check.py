@@ -34,7 +34,6 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     ALLOW_MIXED_ENV,
     STOCK_INDEXER_DEFAULT,
     Outcome,
-    Verdict,
     decide,
 )
 
@@ -235,7 +234,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
         speculative_config=engine_args.speculative_config,
     )
     verdict = decide(facts)
-    _validate_like_vllm_serve(engine_args, args.target, verdict, quiet=not args.verbose)
+    _validate_like_vllm_serve(engine_args, args.target, quiet=not args.verbose)
     resolved = verdict.indexer_kv_dtype
     tp = engine_args.tensor_parallel_size
     ours = kv_bytes_per_token(
@@ -276,9 +275,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
     )
 
 
-def _validate_like_vllm_serve(
-    engine_args: Any, target: str, verdict: Verdict, quiet: bool
-) -> None:
+def _validate_like_vllm_serve(engine_args: Any, target: str, quiet: bool) -> None:
     """vLLM's own config validation for these flags, as ``vllm serve`` runs it.
 
     A plugin refusal is the verdict ``decide`` already gave; anything else
@@ -294,7 +291,7 @@ def _validate_like_vllm_serve(
     if quiet:
         logging.disable(logging.WARNING)
     try:
-        with judging_for(target), _native_decision_gives(verdict):
+        with judging_for(target), _native_decision_stands_aside():
             replace(engine_args).create_engine_config()
     except Exception as error:
         cause = validation_cause(error)
@@ -306,12 +303,12 @@ def _validate_like_vllm_serve(
 
 
 @contextlib.contextmanager
-def _native_decision_gives(verdict: Verdict) -> Iterator[None]:
+def _native_decision_stands_aside() -> Iterator[None]:
     """On a vLLM that carries the upstream fix (``upstream/``), its own
-    MiniMax-M3 decision would judge this CPU rather than the target: for this
-    one offline validation it gives ``decide``'s verdict for the target instead,
-    as the plugin's hook does under ``judging_for``, and the rest of vLLM's
-    validation runs as usual. Restored on exit; never used when serving."""
+    MiniMax-M3 decision would judge this CPU rather than the target. For this
+    one offline validation the plugin's hook runs in its place, judging for the
+    target under ``judging_for`` as it does on stock vLLM, and the rest of
+    vLLM's validation runs as usual. Restored on exit; never used when serving."""
     from vllm_minimax_m3_kv.patches import (
         NATIVE_DECISION_MODULE,
         native_decision_in_vllm,
@@ -323,18 +320,12 @@ def _native_decision_gives(verdict: Verdict) -> Iterator[None]:
     import importlib
 
     from vllm_minimax_m3_kv.model_executor.models.config import (
-        IndexerPrecisionError,
+        apply_indexer_precision,
     )
 
     module = importlib.import_module(NATIVE_DECISION_MODULE)
     native = module.verify_and_update_index_cache_dtype
-
-    def target_verdict(vllm_config: Any) -> None:
-        if verdict.outcome is Outcome.ERROR:
-            raise IndexerPrecisionError(verdict)
-        vllm_config.attention_config.indexer_kv_dtype = verdict.indexer_kv_dtype
-
-    module.verify_and_update_index_cache_dtype = target_verdict
+    module.verify_and_update_index_cache_dtype = apply_indexer_precision
     try:
         yield
     finally:
