@@ -5,16 +5,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
     MSA_MAX_BLOCKS_PER_ROW,
     Outcome,
     PlatformFacts,
+    PoolLayers,
     PrecisionFacts,
     SparseShape,
     decide,
+    fixed_facts,
 )
 
 MI355X = PlatformFacts(
@@ -220,6 +222,30 @@ def test_errors_name_the_fix_for_this_hardware():
     assert "--max-model-len 1048576" in too_long
 
 
+PUBLISHED = PoolLayers(num_layers=5, sparse=frozenset({3, 4}))
+NO_SPARSE = PoolLayers(num_layers=5, sparse=frozenset())
+LAYOUTS = [
+    PUBLISHED,
+    NO_SPARSE,
+    dataclasses.replace(PUBLISHED, skip_requested=frozenset({0})),
+    dataclasses.replace(PUBLISHED, skip_requested=frozenset({4})),
+    dataclasses.replace(PUBLISHED, skip_requested=frozenset({0, 4})),
+    dataclasses.replace(NO_SPARSE, skip_requested=frozenset({1})),
+    dataclasses.replace(
+        PUBLISHED, skip_requested=frozenset({0}), pp_stage_starts=(0, 3)
+    ),
+]
+
+
+def _with_drafter(case: PrecisionFacts) -> PrecisionFacts:
+    # A drafter with its own KV dtype is the MTP drafter, built sparse.
+    if case.draft_kv_cache_dtype is None:
+        return case
+    return dataclasses.replace(
+        case, layers=dataclasses.replace(case.layers, drafter_index_cache=True)
+    )
+
+
 facts_space = st.builds(
     facts,
     platform=st.sampled_from(PLATFORMS),
@@ -232,7 +258,8 @@ facts_space = st.builds(
     model_dtype=st.sampled_from(["bfloat16", "float16"]),
     allow_mixed=st.booleans(),
     draft_kv_cache_dtype=st.sampled_from([None, "auto", "bfloat16", "fp8"]),
-)
+    layers=st.sampled_from(LAYOUTS),
+).map(_with_drafter)
 
 
 @given(facts_space)
@@ -257,7 +284,14 @@ def test_unchanged_exactly_when_both_caches_are_bf16(case):
         or (draft == "auto" and case.model_dtype == "bfloat16")
     )
     both_bf16 = main_bf16 and draft_bf16 and case.indexer_kv_dtype in ("auto", "bf16")
-    assert (verdict.outcome is Outcome.UNCHANGED) == both_bf16
+    # Without an index cache the indexer dtype is moot; only skip layers can
+    # mix such a pool.
+    one_precision_without_index_cache = (
+        not case.layers.has_index_cache and not case.unquantized_dense_layers
+    )
+    assert (verdict.outcome is Outcome.UNCHANGED) == (
+        both_bf16 or one_precision_without_index_cache
+    )
 
 
 @given(facts_space)
@@ -265,7 +299,10 @@ def test_mixed_only_by_opt_in_and_never_instead_of_uniform(case):
     verdict = decide(case)
     if verdict.outcome is Outcome.MIXED:
         assert case.allow_mixed
-        assert case.indexer_kv_dtype in ("auto", "bf16")
+        # An fp8 indexer is mixed only beside layers skipped from fp8.
+        assert case.indexer_kv_dtype in ("auto", "bf16") or (
+            case.unquantized_dense_layers
+        )
     without = decide(dataclasses.replace(case, allow_mixed=False))
     assert without.outcome is not Outcome.MIXED
     if without.outcome is not Outcome.ERROR:
@@ -315,3 +352,104 @@ def test_every_blocker_is_reported_and_one_fix_clears_them_all():
         "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
     }
     assert ("--max-model-len", str(MSA_MAX_BLOCKS_PER_ROW * 128)) in keep.flags
+
+
+# -- the pool vLLM builds: sparse layers, skipped layers ----------------------
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e5m2", "int8_per_token_head", "auto"])
+@pytest.mark.parametrize("indexer", ["auto", "bf16", "fp8", "mxfp4"])
+def test_a_pool_without_index_cache_has_no_indexer_question(platform, kv, indexer):
+    verdict = decide(facts(platform, kv=kv, indexer=indexer, layers=NO_SPARSE))
+    assert verdict.outcome is Outcome.UNCHANGED, verdict.message
+    assert verdict.indexer_kv_dtype == indexer
+    assert "no layer builds an index cache" in verdict.reason
+
+
+def test_the_mtp_drafter_brings_an_index_cache_to_a_dense_checkpoint():
+    drafter = dataclasses.replace(NO_SPARSE, drafter_index_cache=True)
+    verdict = decide(facts(MI355X_NO_AITER, layers=drafter))
+    assert verdict.outcome is Outcome.ERROR
+    assert decide(facts(layers=drafter)).outcome is Outcome.INHERITED
+
+
+def test_a_skipped_dense_layer_beside_fp8_is_refused_with_fixes_that_start():
+    skip = dataclasses.replace(PUBLISHED, skip_requested=frozenset({0}))
+    verdict = decide(facts(layers=skip, tensor_parallel_size=8))
+    assert verdict.outcome is Outcome.ERROR
+    assert (
+        "--kv-cache-dtype-skip-layers keeps layer 0 at bfloat16 beside "
+        "fp8_e4m3 main caches elsewhere" in verdict.reason
+    )
+    keep, both_bf16, opt_in = verdict.fixes
+    assert keep.without == ("--kv-cache-dtype-skip-layers",) and not keep.flags
+    assert "[without: --kv-cache-dtype-skip-layers]" in verdict.message
+    assert dict(both_bf16.flags)["--kv-cache-dtype"] == "auto"
+    assert dict(opt_in.env) == {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
+    # Opted in, the index cache still follows the fp8 main cache.
+    mixed = decide(facts(layers=skip, tensor_parallel_size=8, allow_mixed=True))
+    assert (mixed.outcome, mixed.indexer_kv_dtype) == (Outcome.MIXED, "fp8")
+    assert "layer 0 bfloat16 (--kv-cache-dtype-skip-layers)" in mixed.reason
+    # Skips are no-ops beside a bf16 main cache.
+    assert decide(facts(kv="auto", layers=skip)).outcome is Outcome.UNCHANGED
+
+
+def test_a_pool_without_index_cache_is_still_one_precision_or_refused():
+    skip = dataclasses.replace(NO_SPARSE, skip_requested=frozenset({1}))
+    verdict = decide(facts(MI355X_NO_AITER, layers=skip))
+    assert verdict.outcome is Outcome.ERROR
+    assert "keeps layer 1 at bfloat16" in verdict.reason
+    # Opted in: no index cache, so nothing about an indexer in the warning.
+    mixed = decide(facts(MI355X_NO_AITER, layers=skip, allow_mixed=True))
+    assert mixed.outcome is Outcome.MIXED and "indexer" not in mixed.reason
+
+
+def test_a_skipped_sparse_layer_is_ignored_by_vllm_and_said_so():
+    skip = dataclasses.replace(PUBLISHED, skip_requested=frozenset({4}))
+    verdict = decide(facts(layers=skip))
+    assert verdict.outcome is Outcome.INHERITED
+    assert verdict.notes == (
+        "MiniMax-M3 sparse attention ignores --kv-cache-dtype-skip-layers for "
+        "layer 4: their main cache stays fp8_e4m3.",
+    )
+    assert decide(facts(kv="auto", layers=skip)).notes == ()  # nothing to skip
+
+
+def test_stages_are_named_where_the_pool_is_pipelined():
+    skip = dataclasses.replace(
+        PUBLISHED, skip_requested=frozenset({0, 1}), pp_stage_starts=(0, 3)
+    )
+    verdict = decide(facts(layers=skip))
+    assert "layers 0, 1 (pipeline stage 0 of 2)" in verdict.reason
+
+
+@settings(max_examples=1500)
+@example(facts(kv="auto", indexer="fp8", layers=LAYOUTS[2]))  # found by the matrix
+@given(facts_space)
+def test_no_fix_leaves_a_skipped_layer_beside_a_quantized_main(case):
+    # Judged on the config each fix leads to: beside a bf16 main cache a skip
+    # is a no-op, and a fix that switches to fp8 would make it count.
+    verdict = decide(case)
+    if verdict.outcome is not Outcome.ERROR:
+        return
+    for fix in verdict.fixes:
+        assert (
+            "VLLM_MINIMAX_M3_KV_ALLOW_MIXED" in fix.env_map
+            or not fixed_facts(case, fix).unquantized_dense_layers
+        ), (fix, verdict.message)
+
+
+def test_unset_aiter_variables_are_said_to_be_unset():
+    unset = dataclasses.replace(
+        MI355X_NO_AITER,
+        unset_env=frozenset(
+            {"VLLM_ROCM_USE_AITER", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"}
+        ),
+    )
+    message = decide(facts(unset)).message
+    assert "(VLLM_ROCM_USE_AITER unset, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT unset)" in (
+        message
+    )
+    set_to_zero = decide(facts(MI355X_NO_AITER)).message
+    assert "VLLM_ROCM_USE_AITER=0, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0" in set_to_zero

@@ -211,6 +211,77 @@ def test_check_agrees_with_live_plugin(target, scenario_runner):
     assert live[("int8_per_token_head/auto", "mixed_ok")] == ("ok", "bf16")
 
 
+# The pool's shape: checkpoint variants and skip layers, check against live.
+DATA = "tests/data"
+POOL_SHAPES = [
+    (checkpoint, skip, env_name)
+    for checkpoint in (
+        "minimax_m3_tiny",
+        "minimax_m3_tiny_key_false",
+        "minimax_m3_tiny_no_sparse",
+    )
+    for skip in ((), ("0",), ("4",))
+    for env_name in ("aiter", "plain", "mixed_ok")
+]
+
+
+def test_check_agrees_with_live_plugin_on_the_pool_vllm_builds(scenario_runner):
+    live = {}
+    for env_name in ENVS:
+        scenarios = [
+            {
+                "id": f"{checkpoint}/{','.join(skip)}",
+                "env": ENVS[env_name],
+                "build": False,
+                "engine": {
+                    "model": f"{DATA}/{checkpoint}",
+                    "kv_cache_dtype": "fp8",
+                    "max_model_len": 8192,
+                    "tensor_parallel_size": 8,
+                    "kv_cache_dtype_skip_layers": list(skip),
+                },
+            }
+            for checkpoint, skip, e in POOL_SHAPES
+            if e == env_name
+        ]
+        for key, result in scenario_runner("mi355x", scenarios).items():
+            live[(key, env_name)] = _live_outcome(result)
+    checks = run_checks(
+        [
+            {
+                "argv": [
+                    "--target",
+                    "mi355x",
+                    f"{DATA}/{checkpoint}",
+                    "--max-model-len",
+                    "8192",
+                    "-tp",
+                    "8",
+                    "--kv-cache-dtype",
+                    "fp8",
+                    *(["--kv-cache-dtype-skip-layers", *skip] if skip else []),
+                ],
+                "env": ENVS[env_name],
+            }
+            for checkpoint, skip, env_name in POOL_SHAPES
+        ]
+    )
+    offline = {
+        (f"{checkpoint}/{','.join(skip)}", env_name): _check_outcome(result)
+        for (checkpoint, skip, env_name), result in zip(
+            POOL_SHAPES, checks, strict=True
+        )
+    }
+    assert offline == live
+    # Every kind of answer is among them.
+    assert live[("minimax_m3_tiny_key_false/", "aiter")] == ("ok", "fp8")
+    assert live[("minimax_m3_tiny_no_sparse/", "plain")] == ("ok", "bf16")
+    assert live[("minimax_m3_tiny/0", "aiter")] == ("error", None)
+    assert live[("minimax_m3_tiny/0", "mixed_ok")] == ("ok", "bf16")
+    ignored = checks[POOL_SHAPES.index(("minimax_m3_tiny", ("4",), "aiter"))]
+    assert "warning: MiniMax-M3 sparse attention ignores" in ignored["stderr"]
+
+
 # -- the command as a user runs it ---------------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 ``python -m tests.reliability.live_agreement --platform mi355x --examples 150``
 draws flag sets (every KV dtype in vLLM's ``KV_CACHE_DTYPES``, indexer dtype,
-TP, indexer CP, max_model_len, AITER variables, the mixed-pool opt-in) and, in this process on the simulated platform, runs
+TP, indexer CP, max_model_len, checkpoint variant, skip layers, AITER
+variables, the mixed-pool opt-in) and, in this process on the simulated platform, runs
 ``create_engine_config`` with the plugin loaded; the offline path (what
 ``check --target`` calls) must reach the same verdict from the same facts.
 Exits non-zero with hypothesis' falsifying example on any disagreement.
@@ -19,9 +20,11 @@ from hypothesis import strategies as st
 
 from tests.reliability.matrix import (
     ALLOW_MIXED,
+    CHECKPOINTS,
     INDEXER_KV_DTYPES,
     LONG_CONTEXT_ENV,
     MAX_MODEL_LENS,
+    SKIP_LAYERS,
     vllm_kv_cache_dtypes,
 )
 from tests.sim import engine as sim
@@ -37,6 +40,8 @@ def flag_sets() -> st.SearchStrategy[dict]:
             "tp": st.sampled_from([1, 2, 4, 8]),
             "cp": st.booleans(),
             "max_model_len": st.sampled_from(MAX_MODEL_LENS),
+            "checkpoint": st.sampled_from(sorted(CHECKPOINTS)),
+            "skip_layers": st.sampled_from(SKIP_LAYERS),
             "aiter": st.booleans(),
             "shuffle": st.booleans(),
             "allow_mixed": st.booleans(),
@@ -44,19 +49,24 @@ def flag_sets() -> st.SearchStrategy[dict]:
     )
 
 
-def live(flags: dict) -> tuple[str, object]:
-    """What the plugin, loaded by vLLM, made of these flags."""
+def _engine(flags: dict) -> dict:
     attention = {"minimax_m3_indexer_cp": flags["cp"]}
     if flags["indexer"] is not None:
         attention["indexer_kv_dtype"] = flags["indexer"]
-    engine = {
+    return {
+        "model": CHECKPOINTS[flags["checkpoint"]],
         "kv_cache_dtype": flags["kv"],
+        "kv_cache_dtype_skip_layers": list(flags["skip_layers"]),
         "tensor_parallel_size": flags["tp"],
         "max_model_len": flags["max_model_len"],
         "attention_config": attention,
     }
+
+
+def live(flags: dict) -> tuple[str, object]:
+    """What the plugin, loaded by vLLM, made of these flags."""
     try:
-        config = sim.make_engine_args(engine).create_engine_config()
+        config = sim.make_engine_args(_engine(flags)).create_engine_config()
     except Exception as error:
         inner = sim.unwrap(error)
         verdict = getattr(inner, "verdict", None)
@@ -67,35 +77,19 @@ def live(flags: dict) -> tuple[str, object]:
 
 
 def offline(flags: dict, target: str) -> tuple[str, object]:
-    """The same question asked the way ``check --target`` asks it."""
-    from vllm_minimax_m3_kv.config.facts import (
-        precision_facts,
-        sparse_shape,
-        target_platform_facts,
-    )
-    from vllm_minimax_m3_kv.config.indexer_precision import Outcome, decide
+    """The same question asked the way ``check --target`` asks it: the hook
+    judges for the named target while vLLM resolves the config."""
+    from vllm_minimax_m3_kv.config.facts import judging_for
+    from vllm_minimax_m3_kv.config.indexer_precision import Outcome
 
-    attention = {"minimax_m3_indexer_cp": flags["cp"]}
-    if flags["indexer"] is not None:
-        attention["indexer_kv_dtype"] = flags["indexer"]
-    # vLLM's own config for the model shape; the plugin's hook is not involved
-    # in reading it (a bf16 request never reaches the hook's error path).
-    args = sim.make_engine_args(
-        {"tensor_parallel_size": flags["tp"], "max_model_len": flags["max_model_len"]}
-    )
-    model_config = args.create_model_config()
-    from vllm.config.attention import AttentionConfig
-
-    verdict = decide(
-        precision_facts(
-            target_platform_facts(target),
-            model_config=model_config,
-            kv_cache_dtype=flags["kv"],
-            attention_config=AttentionConfig(**attention),
-            tensor_parallel_size=flags["tp"],
-            shape=sparse_shape(model_config),
-        )
-    )
+    with judging_for(target) as judgement:
+        try:
+            sim.make_engine_args(_engine(flags)).create_engine_config()
+        except Exception as error:
+            if getattr(sim.unwrap(error), "verdict", None) is None:
+                raise
+    verdict = judgement.verdict
+    assert verdict is not None, "the hook never ran"
     if verdict.outcome is Outcome.ERROR:
         return "error", verdict.fixes
     if verdict.outcome is Outcome.MIXED:

@@ -32,7 +32,9 @@ Every cell whose two caches are not both bf16 must end in exactly one of:
 - ``simulation_limit``: a KV dtype declared in ``SIMULATION_LIMITS`` whose
   model cannot be built on the CPU simulation (reason stated there).
 
-Cells with both caches bf16 must behave exactly as without the plugin.
+Cells with both caches bf16, and pools without an index cache that skip
+layers do not mix (``Cell.same_as_stock``), must behave exactly as without
+the plugin.
 
 ``python -m tests.reliability.matrix --platform mi355x-aiter-spa --out f.json``
 runs one platform's cells in this process (vLLM fixes its platform once per
@@ -96,12 +98,31 @@ SPECULATIVE = ("none", "mtp")
 INDEXER_CP = (False, True)
 # 8K, and one block past what the AITER MSA top-k holds (8192 blocks of 128).
 MAX_MODEL_LENS = (8192, 8193 * 128)
+_DATA = sim.REPO / "tests" / "data"
 CHECKPOINTS = {
     "published": sim.TINY_MODEL,
     # Off the AITER MSA indexer's shape contract (top-k 16 blocks).
-    "topk32": str(sim.REPO / "tests" / "data" / "minimax_m3_tiny_topk32"),
+    "topk32": str(_DATA / "minimax_m3_tiny_topk32"),
+    # sparse_attention_config variants: vLLM builds sparse layers from
+    # sparse_attention_freq alone, whatever use_sparse_attention says.
+    "key_false": str(_DATA / "minimax_m3_tiny_key_false"),
+    "no_sparse": str(_DATA / "minimax_m3_tiny_no_sparse"),
+    "dense": str(_DATA / "minimax_m3_tiny_dense"),
+    "sparse_first": str(_DATA / "minimax_m3_tiny_sparse_first"),
 }
+SPARSE_LAYERS = {
+    "published": (3, 4),
+    "topk32": (3, 4),
+    "key_false": (3, 4),
+    "no_sparse": (),
+    "dense": (),
+    "sparse_first": (0, 1),
+}
+"""What each checkpoint's sparse_attention_freq marks (checked by a test)."""
 OFF_CONTRACT_PLATFORMS = ("mi355x-aiter-spa",)
+# --kv-cache-dtype-skip-layers: none, a dense layer, a sparse layer, both (of
+# the published layout; the variants move which is which).
+SKIP_LAYERS = ("", "0", "4", "0,4")
 
 # Per GPU; enough for one request at the longest max_model_len here.
 KV_MEMORY_BYTES = 64 << 30
@@ -174,6 +195,8 @@ RULE_WITNESSES: dict[str, tuple[str, ...]] = {
     "rocm_msa_topk_block_limit": ("mi355x-aiter-spa", "max_model_len=1048704"),
     "needs_fp8_capable_gpu": ("sm80", "kv_cache_dtype=fp8"),
     "drafter_kv_cache_matches_target": ("sm100", "draft_kv_cache_dtype=auto"),
+    "skipped_layers_keep_one_precision": ("mi355x-aiter-spa", "skip_layers=0"),
+    "pool_has_an_index_cache": ("mi355x", "checkpoint=no_sparse"),
     "fp8_indexer_must_run_here": ("mi355x", "indexer_kv_dtype=fp8"),
     "fp8_indexer_needs_e4m3_main": ("sm100", "indexer_kv_dtype=fp8"),
     "indexer_stores_bf16_or_fp8": ("sm100", "indexer_kv_dtype=mxfp4"),
@@ -210,6 +233,8 @@ class Cell:
     foreign_stage: int | None = None
     """A PP stage whose specs come from a process without the plugin, as a
     node without it sends them to the engine core."""
+    skip_layers: str = ""
+    """``--kv-cache-dtype-skip-layers``, comma-separated."""
 
     @property
     def id(self) -> str:
@@ -231,6 +256,8 @@ class Cell:
             parts.append(f"draft_kv={self.draft_kv_cache_dtype}")
         if self.foreign_stage is not None:
             parts.append(f"stage{self.foreign_stage}_without_plugin")
+        if self.skip_layers:
+            parts.append(f"skip={self.skip_layers}")
         return "/".join(parts)
 
     @property
@@ -250,6 +277,29 @@ class Cell:
     def allow_mixed(self) -> bool:
         return ALLOW_MIXED in self.env
 
+    @property
+    def has_index_cache(self) -> bool:
+        """Sparse layers in the checkpoint, or the MTP drafter (built sparse)."""
+        return bool(SPARSE_LAYERS[self.checkpoint]) or self.speculative == "mtp"
+
+    @property
+    def skips_quantized_dense_layer(self) -> bool:
+        """A dense layer kept unquantized beside a quantized main cache."""
+        dense = {
+            int(layer)
+            for layer in self.skip_layers.split(",")
+            if layer and int(layer) not in SPARSE_LAYERS[self.checkpoint]
+        }
+        return bool(dense) and self.kv_cache_dtype not in BF16_ONLY_KV
+
+    @property
+    def same_as_stock(self) -> bool:
+        """The plugin must leave these exactly as stock vLLM: both caches
+        bf16, or a pool with no index cache that skip layers do not mix."""
+        return self.bf16_only or not (
+            self.has_index_cache or self.skips_quantized_dense_layer
+        )
+
     def engine(self) -> dict[str, Any]:
         attention: dict[str, Any] = {"minimax_m3_indexer_cp": self.indexer_cp}
         if self.indexer_kv_dtype is not None:
@@ -257,6 +307,9 @@ class Cell:
         return {
             "model": CHECKPOINTS[self.checkpoint],
             "kv_cache_dtype": self.kv_cache_dtype,
+            "kv_cache_dtype_skip_layers": [
+                layer for layer in self.skip_layers.split(",") if layer
+            ],
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
             "speculative_config": self._speculative_config(),
@@ -305,9 +358,49 @@ def cells(platform: str) -> list[Cell]:
     return (
         table
         + extension_cells(platform)
+        + pool_shape_cells(platform)
         + drafter_cells(platform)
         + partial_install_cells(platform)
     )
+
+
+POOL_SHAPE_PLATFORMS = ("mi355x-aiter-spa", "mi355x", "mi300x", "sm100", "sm80")
+POOL_SHAPE_KV = ("auto", "fp8", "fp8_e5m2")
+POOL_SHAPE_INDEXER = (None, "bf16", "fp8")
+POOL_SHAPE_AXES: dict[str, tuple[Any, ...]] = {
+    "checkpoint": ("published", "key_false", "no_sparse", "dense", "sparse_first"),
+    "skip_layers": SKIP_LAYERS,
+    "tensor_parallel_size": (1, 8),
+    "pipeline_parallel_size": PIPELINE_PARALLEL_SIZES,
+    "speculative": SPECULATIVE,
+}
+POOL_SHAPE_ROWS = pairwise_rows(POOL_SHAPE_AXES)
+"""The pool-shape part's covering design: every pair of checkpoint variant,
+skip layers, TP, PP and MTP values appears."""
+
+
+def pool_shape_cells(platform: str) -> list[Cell]:
+    """Which layers hold which caches: checkpoint variants (which layers
+    sparse_attention_freq makes sparse, whatever use_sparse_attention says)
+    and --kv-cache-dtype-skip-layers. Full product over platform x KV dtype x
+    indexer x opt-in, each crossed with the pairwise rows above."""
+    if platform not in POOL_SHAPE_PLATFORMS:
+        return []
+    return [
+        Cell(
+            platform,
+            kv,
+            indexer,
+            indexer_cp=False,
+            max_model_len=8192,
+            env=(ALLOW_MIXED,) if opt_in else (),
+            **row,
+        )
+        for kv, indexer, opt_in in itertools.product(
+            POOL_SHAPE_KV, POOL_SHAPE_INDEXER, (False, True)
+        )
+        for row in POOL_SHAPE_ROWS
+    ]
 
 
 PARTIAL_INSTALL_PLATFORMS = ("mi355x-aiter-spa", "sm100")
@@ -398,6 +491,8 @@ def extension_cells(platform: str, with_core_kv: bool = False) -> list[Cell]:
 
 # -- fixes, as a user would apply them ---------------------------------------
 
+WITHOUT_FIELDS = {"--kv-cache-dtype-skip-layers": ("skip_layers", "")}
+"""A flag a fix removes -> the cell field and its value without the flag."""
 FLAG_FIELDS = {
     "--kv-cache-dtype": "kv_cache_dtype",
     "--attention-config.indexer_kv_dtype": "indexer_kv_dtype",
@@ -418,6 +513,11 @@ def parse_fixes(message: str) -> list[dict[str, Any]]:
         if command.startswith(REQUIRES_PREFIX):
             needed, command = command[len(REQUIRES_PREFIX) :].split("]", 1)
             requires = needed.split("; ")
+            command = command.strip()
+        without: list[str] = []
+        if command.startswith(WITHOUT_PREFIX):
+            dropped, command = command[len(WITHOUT_PREFIX) :].split("]", 1)
+            without = dropped.split()
         words = iter(shlex.split(command))
         env: dict[str, str] = {}
         flags: list[list[str]] = []
@@ -427,11 +527,14 @@ def parse_fixes(message: str) -> list[dict[str, Any]]:
             else:
                 name, value = word.split("=", 1)
                 env[name] = value
-        fixes.append({"env": env, "flags": flags, "requires": requires})
+        fixes.append(
+            {"env": env, "flags": flags, "requires": requires, "without": without}
+        )
     return fixes
 
 
 REQUIRES_PREFIX = "[requires: "
+WITHOUT_PREFIX = "[without: "
 # What a user installs for each requirement, as the stand-in applies it.
 INSTALLS = {
     AITER_REQUIREMENT: "msa",
@@ -443,6 +546,9 @@ def apply_fix(cell: Cell, fix: dict[str, Any]) -> Cell:
     changes: dict[str, Any] = {}
     for requirement in fix.get("requires", []):
         changes["aiter"] = INSTALLS[requirement]  # unknown: a defect in the text
+    for flag in fix.get("without", []):
+        field, value = WITHOUT_FIELDS[flag]  # unknown: a defect in the text
+        changes[field] = value
     for flag, value in fix["flags"]:
         field = FLAG_FIELDS[flag]  # an unknown flag is a defect in the message
         if field == "indexer_cp":
@@ -718,7 +824,7 @@ def use_platform(platform: str) -> None:
 
 def run_platform(
     platform: str,
-    bf16_only: bool = False,
+    same_as_stock: bool = False,
     drop_rule: str | None = None,
     stop_at_defect: bool = False,
     where: dict[str, str] | None = None,
@@ -729,7 +835,7 @@ def run_platform(
         _drop_rule(drop_rule)
     records = []
     for cell in cells(platform):
-        if bf16_only and not cell.bf16_only:
+        if same_as_stock and not cell.same_as_stock:
             continue
         if not matches(cell, where or {}):
             continue
@@ -739,8 +845,16 @@ def run_platform(
             "id": cell.id,
             "class": outcome_class(cell, result),
         }
-        if cell.bf16_only:
+        if cell.same_as_stock:
+            # Compared with a run without the plugin; a plugin refusal here
+            # can only be wrong (and shows in this process already).
             record["result"] = comparable(result)
+            if result.get("config_error", {}).get("from_plugin"):
+                record["verdict"] = {
+                    "outcome": "defect",
+                    "why": "the plugin refused a pool it must leave as stock",
+                    "result": result,
+                }
         else:
             record["verdict"] = judge(cell, result)
         records.append(record)
@@ -753,7 +867,7 @@ def _drop_rule(name: str) -> None:
     """Mutation testing: run the matrix with one validator rule taken out."""
     from vllm_minimax_m3_kv.config import indexer_precision as policy
 
-    tables = ("FP8_INDEXER_RULES", "PAIRING_RULES", "DRAFTER_RULES")
+    tables = ("FP8_INDEXER_RULES", "PAIRING_RULES", "DRAFTER_RULES", "SCOPE_RULES")
     before = sum(len(getattr(policy, table)) for table in tables)
     for table in tables:
         rules = getattr(policy, table)
@@ -765,7 +879,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--platform", choices=sorted(PLATFORMS), required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--bf16-only", action="store_true")
+    parser.add_argument(
+        "--same-as-stock",
+        action="store_true",
+        help="only the cells the plugin must leave as stock (run without it)",
+    )
     parser.add_argument(
         "--foreign-stages",
         metavar="DIR",
@@ -797,7 +915,7 @@ def main() -> None:
         return
     records = run_platform(
         options.platform,
-        bf16_only=options.bf16_only,
+        same_as_stock=options.same_as_stock,
         drop_rule=options.drop_rule,
         stop_at_defect=options.stop_at_defect,
         where=dict(item.split("=", 1) for item in options.where),

@@ -9,20 +9,28 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from tests.reliability.covering import covers_every_pair
 from tests.reliability.matrix import (
+    CHECKPOINTS,
     PLATFORMS,
+    POOL_SHAPE_AXES,
+    POOL_SHAPE_ROWS,
     RULE_WITNESSES,
+    SHAPE_AXES,
+    SHAPE_ROWS,
+    SPARSE_LAYERS,
     Cell,
     apply_fix,
     parse_fixes,
 )
 from tests.reliability.report import (
-    bf16_only_mismatches,
     count,
     run_child,
+    stock_mismatches,
 )
 from tests.sim.process import json_from_stdout
 from vllm_minimax_m3_kv.config import indexer_precision as policy
@@ -67,10 +75,10 @@ def test_every_fp8_cell_starts_uniform_or_fails_at_config_with_working_fixes(
         assert rows[platform]["mixed"] > 0, platform
 
 
-def test_bf16_only_cells_behave_as_stock_vllm(matrix):
+def test_bf16_and_index_cache_free_cells_behave_as_stock_vllm(matrix):
     for platform, kinds in matrix.items():
-        assert len(kinds["stock"]) == count(matrix)[platform]["bf16_only_cells"]
-        mismatches = bf16_only_mismatches(kinds["plugin"], kinds["stock"])
+        assert len(kinds["stock"]) == count(matrix)[platform]["same_as_stock_cells"]
+        mismatches = stock_mismatches(kinds["plugin"], kinds["stock"])
         assert not mismatches, (platform, mismatches[:5])
 
 
@@ -96,6 +104,7 @@ def test_fix_parsing_round_trips_the_policy_fixes():
             "flags": list(map(list, fix.flags)),
             "env": dict(fix.env),
             "requires": list(fix.requires),
+            "without": list(fix.without),
         }
         for fix in verdict.fixes
     ]
@@ -105,10 +114,28 @@ def test_fix_parsing_round_trips_the_policy_fixes():
     assert dict(fixed.env)["VLLM_ROCM_USE_AITER"] == "1"
 
 
+def test_covering_designs_cover_every_pair():
+    for rows, axes in ((SHAPE_ROWS, SHAPE_AXES), (POOL_SHAPE_ROWS, POOL_SHAPE_AXES)):
+        assert covers_every_pair(rows, axes)
+        product = 1
+        for values in axes.values():
+            product *= len(values)
+        assert len(rows) < product / 4  # a design, not the product
+
+
+def test_declared_sparse_layers_are_what_the_checkpoints_mark():
+    for name, path in CHECKPOINTS.items():
+        text = json.loads((Path(path) / "config.json").read_text())["text_config"]
+        freq = text["sparse_attention_config"]["sparse_attention_freq"]
+        marked = tuple(i for i, flag in enumerate(freq) if flag)
+        assert marked == SPARSE_LAYERS[name], name
+
+
 def test_every_rule_is_listed():
     names = {rule.name for rule in policy.FP8_INDEXER_RULES}
     names |= {rule.name for rule in policy.PAIRING_RULES}
     names |= {rule.name for rule in policy.DRAFTER_RULES}
+    names |= {rule.name for rule in policy.SCOPE_RULES}
     assert names == set(RULE_WITNESSES)
     assert all(args[0] in PLATFORMS for args in RULE_WITNESSES.values())
 

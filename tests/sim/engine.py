@@ -71,6 +71,7 @@ def describe_error(error: BaseException) -> dict[str, Any]:
                 "flags": list(map(list, fix.flags)),
                 "env": dict(fix.env),
                 "requires": list(fix.requires),
+                "without": list(fix.without),
             }
             for fix in inner.verdict.fixes
         ]

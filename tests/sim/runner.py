@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import pickle
 import sys
 import traceback
@@ -24,19 +25,69 @@ from tests.sim import engine as sim
 from tests.sim.hardware import simulate
 
 
+class _PluginWarnings(logging.Handler):
+    """The plugin's WARNING lines, as an operator would read them in a log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+_warnings = _PluginWarnings()
+
+
+def _listen_to_the_plugin(args: Any) -> None:
+    # create_engine_config applies vLLM's logging config first, which drops
+    # handlers under "vllm"; apply it now (it is not applied twice), then
+    # listen.
+    from vllm.logger import configure_logging_if_needed
+
+    configure_logging_if_needed(args.create_logging_config())
+    plugin_logger = logging.getLogger("vllm.vllm_minimax_m3_kv")
+    if _warnings not in plugin_logger.handlers:
+        plugin_logger.addHandler(_warnings)
+
+
+def _pool_layers(vllm_config: Any) -> dict[str, list[int]]:
+    """Which layers the plugin's facts say hold what (to compare with the
+    specs vLLM's layers return)."""
+    from vllm_minimax_m3_kv.model_executor.models.config import live_facts
+
+    facts = live_facts(vllm_config)
+    return {
+        "sparse": sorted(facts.layers.sparse),
+        "unquantized_dense": list(facts.unquantized_dense_layers),
+        "skip_ignored": list(facts.layers.skip_ignored),
+    }
+
+
 def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
+    import vllm.logger
+
     result: dict[str, Any] = {"id": scenario["id"]}
+    _warnings.messages.clear()
+    # Each scenario is its own server log: a warning logged once per process
+    # by an earlier scenario must show again.
+    vllm.logger._print_warning_once.cache_clear()
     with sim.environment(scenario.get("env", {})):
         try:
             args = sim.make_engine_args(
                 scenario.get("engine", {}), scenario.get("set_backend", True)
             )
+            _listen_to_the_plugin(args)
             vllm_config = args.create_engine_config()
         except Exception as error:
             result["config_error"] = sim.describe_error(error)
             return result
+        finally:
+            result["plugin_warnings"] = list(_warnings.messages)
         result["kv_cache_dtype"] = vllm_config.cache_config.cache_dtype
         result["indexer_kv_dtype"] = vllm_config.attention_config.indexer_kv_dtype
+        if vllm_config.model_config.architecture.startswith("MiniMaxM3"):
+            result["pool_layers"] = _pool_layers(vllm_config)
         if not scenario.get("build", True):
             return result
         try:

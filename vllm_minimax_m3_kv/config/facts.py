@@ -13,18 +13,23 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
+    AITER_ENV,
     ALLOW_MIXED_ENV,
+    SHUFFLE_KV_ENV,
     PlatformFacts,
+    PoolLayers,
     PrecisionFacts,
     SparseShape,
+    Verdict,
 )
 
 if TYPE_CHECKING:
-    from vllm.config import AttentionConfig, ModelConfig
+    from vllm.config import AttentionConfig, CacheConfig, ModelConfig
 
 MINIMAX_M3_ARCHITECTURES = (
     "MiniMaxM3SparseForConditionalGeneration",
@@ -62,6 +67,12 @@ def _rocm_env_flags() -> tuple[bool, bool]:
     return bool(envs.VLLM_ROCM_USE_AITER), bool(envs.VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT)
 
 
+def _unset_aiter_env() -> frozenset[str]:
+    return frozenset(
+        name for name in (AITER_ENV, SHUFFLE_KV_ENV) if name not in os.environ
+    )
+
+
 def target_platform_facts(target: str) -> PlatformFacts:
     """Facts for a named GPU, with AITER flags read from this environment.
 
@@ -70,7 +81,12 @@ def target_platform_facts(target: str) -> PlatformFacts:
     """
     known = _TARGETS[target]
     aiter, shuffle = _rocm_env_flags() if known["vendor"] == "rocm" else (False, False)
-    return PlatformFacts(**known, aiter_enabled=aiter, shuffle_kv_cache_layout=shuffle)
+    return PlatformFacts(
+        **known,
+        aiter_enabled=aiter,
+        shuffle_kv_cache_layout=shuffle,
+        unset_env=_unset_aiter_env() if known["vendor"] == "rocm" else frozenset(),
+    )
 
 
 # What the fp8 (MSA) indexer imports from aiter at model build.
@@ -91,24 +107,43 @@ def aiter_has_msa_kernels() -> bool:
     return False
 
 
-_judging_for: ContextVar[str | None] = ContextVar("judging_for", default=None)
+@dataclass
+class Judgement:
+    """The first verdict the live hook reached while judging for a target."""
+
+    facts: PrecisionFacts | None = None
+    verdict: Verdict | None = None
+
+
+_judging_for: ContextVar[tuple[str, Judgement] | None] = ContextVar(
+    "judging_for", default=None
+)
 
 
 @contextlib.contextmanager
-def judging_for(target: str) -> Iterator[None]:
+def judging_for(target: str) -> Iterator[Judgement]:
     """Let the live hook judge for a named target (``check`` runs vLLM's own
-    config validation on its CPU platform, and the verdict is for the GPU)."""
-    token = _judging_for.set(target)
+    config validation on its CPU platform, and the verdict is for the GPU).
+    Yields where the hook records what it decided."""
+    judgement = Judgement()
+    token = _judging_for.set((target, judgement))
     try:
-        yield
+        yield judgement
     finally:
         _judging_for.reset(token)
 
 
+def record_judgement(facts: PrecisionFacts, verdict: Verdict) -> None:
+    """Called by the live hook; kept only inside :func:`judging_for`."""
+    current = _judging_for.get()
+    if current is not None and current[1].verdict is None:
+        current[1].facts, current[1].verdict = facts, verdict
+
+
 def live_platform_facts() -> PlatformFacts:
     """Facts for the platform vLLM detected in this process."""
-    if (target := _judging_for.get()) is not None:
-        return target_platform_facts(target)
+    if (judging := _judging_for.get()) is not None:
+        return target_platform_facts(judging[0])
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():
@@ -128,6 +163,7 @@ def live_platform_facts() -> PlatformFacts:
             shuffle_kv_cache_layout=shuffle,
             aiter_installed=installed,
             aiter_msa_kernels=installed and aiter_has_msa_kernels(),
+            unset_env=_unset_aiter_env(),
         )
     if current_platform.is_cuda():
         capability = current_platform.get_device_capability()
@@ -171,36 +207,106 @@ def is_minimax_m3(model_config: ModelConfig | None) -> bool:
     )
 
 
-def sparse_shape(model_config: ModelConfig) -> SparseShape | None:
-    """The checkpoint's sparse-attention shape, or None for a dense config."""
-    text_config = model_config.hf_text_config
-    sparse = getattr(text_config, "sparse_attention_config", None)
-    if not sparse or not sparse.get("use_sparse_attention", True):
-        return None
+def sparse_shape(model_config: ModelConfig) -> SparseShape:
+    """The checkpoint's sparse-attention shape (the kernels' defaults if the
+    checkpoint has no ``sparse_attention_config``)."""
+    sparse = getattr(model_config.hf_text_config, "sparse_attention_config", None)
+    if not sparse:
+        return SparseShape()
+    defaults = SparseShape()
     return SparseShape(
-        topk_blocks=int(sparse["sparse_topk_blocks"]),
-        sparse_block_size=int(sparse["sparse_block_size"]),
-        index_head_dim=int(sparse["sparse_index_dim"]),
-        score_type=str(sparse.get("sparse_score_type", "max")),
+        topk_blocks=int(sparse.get("sparse_topk_blocks", defaults.topk_blocks)),
+        sparse_block_size=int(
+            sparse.get("sparse_block_size", defaults.sparse_block_size)
+        ),
+        index_head_dim=int(sparse.get("sparse_index_dim", defaults.index_head_dim)),
+        score_type=str(sparse.get("sparse_score_type", defaults.score_type)),
     )
+
+
+def sparse_layer_ids(model_config: ModelConfig) -> frozenset[int]:
+    """The layers vLLM builds with sparse attention (and an index cache).
+
+    As ``_sparse_attention_layer_ids`` in ``models/minimax_m3/{amd,nvidia}/
+    model.py``: ``sparse_attention_freq`` alone; no model code reads
+    ``use_sparse_attention``.
+    """
+    sparse = getattr(model_config.hf_text_config, "sparse_attention_config", None)
+    freq = (sparse or {}).get("sparse_attention_freq")
+    if freq is None:
+        return frozenset()
+    return frozenset(i for i, flag in enumerate(freq) if flag != 0)
+
+
+def skip_layer_ids(cache_config: CacheConfig) -> frozenset[int]:
+    """Layer indices ``--kv-cache-dtype-skip-layers`` names, as vLLM's
+    ``Attention`` matches them (``str(layer_idx) in skip_layers``), including
+    the boundary layers vLLM adds itself for TurboQuant caches.
+    ``sliding_window`` matches no MiniMax-M3 layer (none has a window)."""
+    return frozenset(
+        int(name)
+        for name in getattr(cache_config, "kv_cache_dtype_skip_layers", None) or ()
+        if name.isdigit() and str(int(name)) == name
+    )
+
+
+def _pp_stage_starts(num_layers: int, pipeline_parallel_size: int) -> tuple[int, ...]:
+    from vllm.distributed.utils import get_pp_indices
+
+    return tuple(
+        get_pp_indices(num_layers, rank, pipeline_parallel_size)[0]
+        for rank in range(pipeline_parallel_size)
+    )
+
+
+def pool_layers(
+    model_config: ModelConfig,
+    cache_config: CacheConfig,
+    pipeline_parallel_size: int = 1,
+    speculative_config: Any = None,
+) -> PoolLayers:
+    """Which layers hold which caches, as vLLM's MiniMax-M3 model builds them."""
+    num_layers = int(model_config.hf_text_config.num_hidden_layers)
+    return PoolLayers(
+        num_layers=num_layers,
+        sparse=sparse_layer_ids(model_config),
+        skip_requested=skip_layer_ids(cache_config),
+        # MiniMaxM3MTP builds its one layer with force_sparse_attn=True.
+        drafter_index_cache=_speculative_method(speculative_config) in MTP_METHODS,
+        pp_stage_starts=_pp_stage_starts(num_layers, pipeline_parallel_size),
+    )
+
+
+# vLLM normalises "minimax_m3_mtp" to "mtp"; a MiniMax-M3 target's MTP drafter
+# is always MiniMaxM3MTP.
+MTP_METHODS = ("mtp", "minimax_m3_mtp")
+
+
+def _speculative_method(speculative_config: Any) -> str | None:
+    if speculative_config is None:
+        return None
+    if isinstance(speculative_config, dict):
+        return speculative_config.get("method")
+    return getattr(speculative_config, "method", None)
 
 
 def precision_facts(
     platform: PlatformFacts,
     *,
     model_config: ModelConfig,
-    kv_cache_dtype: str,
+    cache_config: CacheConfig,
     attention_config: AttentionConfig,
     tensor_parallel_size: int,
-    shape: SparseShape,
+    pipeline_parallel_size: int = 1,
     speculative_config: Any = None,
 ) -> PrecisionFacts:
+    """The policy's facts from vLLM's config objects (resolved or not)."""
     return PrecisionFacts(
         platform=platform,
-        kv_cache_dtype=str(kv_cache_dtype),
+        kv_cache_dtype=str(cache_config.cache_dtype),
         indexer_kv_dtype=str(attention_config.indexer_kv_dtype),
         max_model_len=int(model_config.max_model_len),
-        shape=shape,
+        shape=sparse_shape(model_config),
         tensor_parallel_size=int(tensor_parallel_size),
         kv_heads_per_rank=max(
             1,
@@ -211,6 +317,9 @@ def precision_facts(
         model_dtype=model_dtype_name(model_config),
         allow_mixed=allow_mixed_from_env(),
         draft_kv_cache_dtype=draft_kv_cache_dtype(speculative_config),
+        layers=pool_layers(
+            model_config, cache_config, pipeline_parallel_size, speculative_config
+        ),
     )
 
 

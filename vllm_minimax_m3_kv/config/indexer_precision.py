@@ -57,6 +57,7 @@ INDEXER_CP_FLAG = "--attention-config.minimax_m3_indexer_cp"
 MAX_MODEL_LEN_FLAG = "--max-model-len"
 DTYPE_FLAG = "--dtype"
 DRAFT_KV_CACHE_DTYPE_FLAG = "--speculative-config.kv_cache_dtype"
+SKIP_LAYERS_FLAG = "--kv-cache-dtype-skip-layers"
 ALLOW_MIXED_ENV = "VLLM_MINIMAX_M3_KV_ALLOW_MIXED"
 """The operator's explicit opt-in to a mixed pool (fp8 or other main cache
 beside a bf16 indexer), which then runs with zeroing on every worker."""
@@ -81,6 +82,9 @@ class PlatformFacts:
     ``is_aiter_found_and_supported``); without it every AITER switch is off."""
     aiter_msa_kernels: bool = True
     """The installed aiter ships the MSA kernels the fp8 indexer imports."""
+    unset_env: frozenset[str] = frozenset()
+    """AITER variables absent from the environment (messages say "unset",
+    not "=0", for them)."""
 
     @property
     def aiter_sparse_pa(self) -> bool:
@@ -101,6 +105,58 @@ class SparseShape:
     sparse_block_size: int = MSA_SPARSE_BLOCK_SIZE
     index_head_dim: int = MSA_INDEX_HEAD_DIM
     score_type: str = MSA_SCORE_TYPE
+
+
+@dataclass(frozen=True)
+class PoolLayers:
+    """Which layers put which caches in the pool, as vLLM's model code builds
+    them (not as config keys describe them)."""
+
+    num_layers: int = 1
+    sparse: frozenset[int] = frozenset({0})
+    """Layers built with sparse attention, hence an index cache: vLLM reads
+    ``sparse_attention_freq`` alone (``_sparse_attention_layer_ids``)."""
+    skip_requested: frozenset[int] = frozenset()
+    """Layer indices in ``--kv-cache-dtype-skip-layers`` after vLLM's own
+    additions (TurboQuant boundary layers)."""
+    drafter_index_cache: bool = False
+    """The MiniMax-M3 MTP drafter builds its layer sparse whatever the
+    checkpoint says, so its index cache joins the pool."""
+    pp_stage_starts: tuple[int, ...] = (0,)
+    """First layer of each pipeline stage (vLLM's ``get_pp_indices``)."""
+
+    @property
+    def has_index_cache(self) -> bool:
+        return bool(self.sparse) or self.drafter_index_cache
+
+    @property
+    def skipped_dense(self) -> tuple[int, ...]:
+        """Layers whose main cache vLLM's generic ``Attention`` keeps at the
+        model dtype (the dense layers named by the skip list)."""
+        return tuple(
+            sorted(i for i in self.skip_requested - self.sparse if i < self.num_layers)
+        )
+
+    @property
+    def skip_ignored(self) -> tuple[int, ...]:
+        """Sparse layers named by the skip list: MiniMax-M3's sparse attention
+        keeps the main cache dtype for them."""
+        return tuple(sorted(self.skip_requested & self.sparse))
+
+    def stage_of(self, layer: int) -> int:
+        return sum(1 for start in self.pp_stage_starts[1:] if layer >= start)
+
+    def describe(self, layers: tuple[int, ...]) -> str:
+        named = ", ".join(map(str, layers))
+        stages = len(self.pp_stage_starts)
+        if stages == 1:
+            return f"layer{'s' if len(layers) > 1 else ''} {named}"
+        where = sorted({self.stage_of(layer) for layer in layers})
+        return (
+            f"layer{'s' if len(layers) > 1 else ''} {named} (pipeline stage"
+            f"{'s' if len(where) > 1 else ''} {', '.join(map(str, where))} of "
+            f"{stages})"
+        )
 
 
 @dataclass(frozen=True)
@@ -125,6 +181,7 @@ class PrecisionFacts:
     draft_kv_cache_dtype: str | None = None
     """``speculative_config.kv_cache_dtype``: the MTP drafter's own main cache
     dtype, in the same block pool (None: it inherits the target's)."""
+    layers: PoolLayers = field(default_factory=PoolLayers)
 
     def _precision(self, kv_cache_dtype: str) -> str:
         if kv_cache_dtype == "auto":
@@ -137,6 +194,17 @@ class PrecisionFacts:
     def main_cache_precision(self) -> str:
         """The main cache's precision: ``auto`` resolved to the model dtype."""
         return self._precision(self.kv_cache_dtype)
+
+    @property
+    def main_is_quantized(self) -> bool:
+        """The main cache stores something other than the model dtype, so a
+        layer vLLM skips from quantization stores another precision."""
+        return self.main_cache_precision != self.model_dtype
+
+    @property
+    def unquantized_dense_layers(self) -> tuple[int, ...]:
+        """Dense layers whose main cache differs from the rest of the pool."""
+        return self.layers.skipped_dense if self.main_is_quantized else ()
 
     @property
     def draft_cache_precision(self) -> str:
@@ -173,9 +241,12 @@ class Fix:
     env: tuple[tuple[str, str], ...] = ()
     requires: tuple[str, ...] = ()
     """Software no flag can stand in for (e.g. :data:`AITER_REQUIREMENT`)."""
+    without: tuple[str, ...] = ()
+    """Flags to remove from the command (a list flag cannot be set empty)."""
 
     def render(self) -> str:
         parts = [f"[requires: {'; '.join(self.requires)}]"] if self.requires else []
+        parts += [f"[without: {' '.join(self.without)}]"] if self.without else []
         parts += [f"{k}={v}" for k, v in self.env]
         parts += [f"{flag} {value}" for flag, value in self.flags]
         return f"{' '.join(parts)}  ({self.summary})"
@@ -192,6 +263,8 @@ class Verdict:
     """The value vLLM should run with; equal to the request unless inherited."""
     reason: str
     fixes: tuple[Fix, ...] = ()
+    notes: tuple[str, ...] = ()
+    """Warnings that do not stop the start (e.g. a skip request vLLM ignores)."""
 
     @property
     def uniform(self) -> bool:
@@ -298,9 +371,12 @@ def _rocm_needs_aiter_sparse_pa(facts: PrecisionFacts) -> _Blocker | None:
         platform.aiter_enabled and platform.shuffle_kv_cache_layout
     ):
         return None
-    state = (
-        f"{AITER_ENV}={int(platform.aiter_enabled)}, "
-        f"{SHUFFLE_KV_ENV}={int(platform.shuffle_kv_cache_layout)}"
+    state = ", ".join(
+        f"{name} unset" if name in platform.unset_env else f"{name}={int(value)}"
+        for name, value in (
+            (AITER_ENV, platform.aiter_enabled),
+            (SHUFFLE_KV_ENV, platform.shuffle_kv_cache_layout),
+        )
     )
     return _Blocker(
         "on ROCm the only fp8 indexer is the AITER MSA indexer, which runs "
@@ -407,13 +483,20 @@ def _why(blockers: list[_Blocker]) -> str:
     return "; also, ".join(blocker.reason for blocker in blockers)
 
 
-def _fp8_fix(blockers: list[_Blocker], *flags: tuple[str, str]) -> Fix | None:
-    """The fix that keeps an fp8 main cache, if this machine can run one."""
+def _fp8_fix(
+    facts: PrecisionFacts, blockers: list[_Blocker], *flags: tuple[str, str]
+) -> Fix | None:
+    """The fix that gives both caches fp8 e4m3, if this machine can run it."""
     if any(not blocker.fixes for blocker in blockers):
         return None  # hardware or checkpoint: no flag changes it
     enabling = [blocker.fixes[0] for blocker in blockers]
+    keeps_main = facts.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES and not any(
+        flag == KV_CACHE_DTYPE_FLAG for flag, _ in flags
+    )
     return Fix(
-        "keep the fp8 KV cache, fp8 indexer",
+        "keep the fp8 KV cache, fp8 indexer"
+        if keeps_main
+        else "fp8 KV cache and fp8 indexer",
         flags=tuple(flags) + tuple(f for fix in enabling for f in fix.flags),
         env=tuple(dict(e for fix in enabling for e in fix.env).items()),
         requires=tuple(dict.fromkeys(r for fix in enabling for r in fix.requires)),
@@ -473,11 +556,16 @@ def _main_cache_runs_here(facts: PrecisionFacts) -> bool:
     )
 
 
-def _mixed_fix(facts: PrecisionFacts) -> Fix | None:
-    """The explicit opt-in: keep this main cache beside a bf16 indexer."""
+def _mixed_fix(facts: PrecisionFacts, bf16_indexer: bool = True) -> Fix | None:
+    """The explicit opt-in: keep this main cache beside another precision
+    (a bf16 indexer, or layers skipped from quantization)."""
     if not _main_cache_runs_here(facts):
         return None
-    flags, env = _bf16_indexer_needs(facts)
+    flags, env = (
+        _bf16_indexer_needs(facts)
+        if facts.layers.has_index_cache and bf16_indexer
+        else ((), ())
+    )
     return Fix(
         "accept a mixed pool: every worker zeroes new blocks",
         flags=flags,
@@ -506,7 +594,7 @@ def _fp8_indexer_must_run_here(
     return _error(
         facts,
         f"no fp8 indexer can run here, because {_why(blockers)}",
-        _fp8_fix(blockers, (KV_CACHE_DTYPE_FLAG, "fp8")),
+        _fp8_fix(facts, blockers, (KV_CACHE_DTYPE_FLAG, "fp8")),
         _both_bf16_fix(facts),
     )
 
@@ -519,7 +607,8 @@ def _fp8_indexer_needs_e4m3_main(
         return None
     return _error(
         facts,
-        f"the indexer cache would be fp8 e4m3 and the main cache {kv}; " + _MIXED_POOL,
+        f"the indexer cache would be fp8 e4m3 and the main cache "
+        f"{facts.main_cache_precision}; " + _MIXED_POOL,
         Fix("both caches fp8 e4m3", flags=((KV_CACHE_DTYPE_FLAG, "fp8"),)),
         _both_bf16_fix(facts),
     )
@@ -535,7 +624,7 @@ def _indexer_stores_bf16_or_fp8(
         return None
     keep_fp8 = None
     if facts.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
-        keep_fp8 = _fp8_fix(blockers, (INDEXER_KV_DTYPE_FLAG, "fp8"))
+        keep_fp8 = _fp8_fix(facts, blockers, (INDEXER_KV_DTYPE_FLAG, "fp8"))
     return _error(
         facts,
         f"the MiniMax-M3 indexer cache stores only bf16 or fp8 e4m3, not {indexer}",
@@ -556,7 +645,10 @@ def _main_cache_matches_an_indexer(
         "indexers store only bf16 or fp8 e4m3, so no indexer shares this "
         "precision; " + _MIXED_POOL,
         _fp8_fix(
-            blockers, (KV_CACHE_DTYPE_FLAG, "fp8"), (INDEXER_KV_DTYPE_FLAG, "fp8")
+            facts,
+            blockers,
+            (KV_CACHE_DTYPE_FLAG, "fp8"),
+            (INDEXER_KV_DTYPE_FLAG, "fp8"),
         ),
         _both_bf16_fix(facts),
         _mixed_fix(facts),
@@ -572,7 +664,7 @@ def _auto_indexer_needs_an_fp8_indexer(
         facts,
         f"the indexer would stay bf16 beside the fp8 main cache, because "
         f"{_why(blockers)}; " + _MIXED_POOL,
-        _fp8_fix(blockers),
+        _fp8_fix(facts, blockers),
         _bf16_fix(facts, "main cache bf16", *_bf16_main_flags(facts)),
         _mixed_fix(facts),
     )
@@ -586,10 +678,52 @@ def _explicit_indexer_matches_fp8_main(
         return None
     return _error(
         facts,
-        f"an explicit {indexer} indexer beside an fp8 main cache means " + _MIXED_POOL,
-        _fp8_fix(blockers, (INDEXER_KV_DTYPE_FLAG, "fp8")),
+        f"an explicit {indexer} indexer would sit beside the fp8 main cache; "
+        + _MIXED_POOL,
+        _fp8_fix(facts, blockers, (INDEXER_KV_DTYPE_FLAG, "fp8")),
         _both_bf16_fix(facts),
         _mixed_fix(facts),
+    )
+
+
+def _skipped_layers(facts: PrecisionFacts) -> str | None:
+    layers = facts.unquantized_dense_layers
+    if not layers:
+        return None
+    return (
+        f"{SKIP_LAYERS_FLAG} keeps {facts.layers.describe(layers)} at "
+        f"{facts.model_dtype} beside {facts.main_cache_precision} main caches "
+        "elsewhere"
+    )
+
+
+def _skipped_layers_keep_one_precision(
+    facts: PrecisionFacts, blockers: list[_Blocker]
+) -> Verdict | None:
+    # vLLM's generic Attention (MiniMax-M3's dense layers) stores a skipped
+    # layer's main cache at the model dtype; the rest of the pool is quantized.
+    why = _skipped_layers(facts)
+    if why is None:
+        return None
+    keep = (
+        "keep every layer's main cache fp8"
+        if facts.main_cache_precision == "fp8_e4m3"
+        else f"keep every layer's main cache {facts.main_cache_precision}"
+    )
+    return _error(
+        facts,
+        f"{why}; " + _MIXED_POOL,
+        # vLLM itself must run this main cache (no fp8 KV cache below SM89).
+        Fix(keep, without=(SKIP_LAYERS_FLAG,))
+        if _main_cache_runs_here(facts)
+        else None,
+        _both_bf16_fix(facts),
+        # Every indexer rule passed: the index cache runs as it would uniform.
+        _mixed_fix(
+            facts,
+            bf16_indexer=_uniform_indexer(facts).indexer_kv_dtype
+            not in FP8_INDEXER_DTYPES,
+        ),
     )
 
 
@@ -624,12 +758,14 @@ def _drafter_kv_cache_matches_target(
 
 @dataclass(frozen=True)
 class PairingRule:
-    """One way the two caches' precisions can fail to match, and its fixes."""
+    """One way the pool's precisions can fail to match, and its fixes."""
 
     name: str
     check: Callable[[PrecisionFacts, list[_Blocker]], Verdict | None]
     mixed_pool_runs: bool = False
     """The pool would be mixed but can run: the explicit opt-in accepts it."""
+    about_index_cache: bool = True
+    """Asks about the index cache: moot in a pool that has none."""
 
 
 PAIRING_RULES: tuple[PairingRule, ...] = (
@@ -651,13 +787,34 @@ PAIRING_RULES: tuple[PairingRule, ...] = (
         _explicit_indexer_matches_fp8_main,
         mixed_pool_runs=True,
     ),
+    PairingRule(
+        "skipped_layers_keep_one_precision",
+        _skipped_layers_keep_one_precision,
+        mixed_pool_runs=True,
+        about_index_cache=False,
+    ),
 )
-"""Checked in order unless both caches are bf16; the first that objects decides."""
+"""Checked in order; the first that objects decides."""
 
 DRAFTER_RULES: tuple[PairingRule, ...] = (
     PairingRule("drafter_kv_cache_matches_target", _drafter_kv_cache_matches_target),
 )
 """Checked once the target's own pool is judged: the drafter's layers join it."""
+
+
+@dataclass(frozen=True)
+class ScopeRule:
+    """When the index-cache rules apply at all."""
+
+    name: str
+    applies: Callable[[PrecisionFacts], bool]
+
+
+SCOPE_RULES: tuple[ScopeRule, ...] = (
+    # vLLM builds an index cache only for layers sparse_attention_freq marks
+    # (and the MTP drafter's): a pool without one has no indexer question.
+    ScopeRule("pool_has_an_index_cache", lambda facts: facts.layers.has_index_cache),
+)
 
 
 def _with_drafter_matched(facts: PrecisionFacts, verdict: Verdict) -> Verdict:
@@ -681,9 +838,58 @@ def _with_drafter_matched(facts: PrecisionFacts, verdict: Verdict) -> Verdict:
     )
 
 
-def _accept_mixed(facts: PrecisionFacts, refusal: Verdict) -> Verdict:
+def fixed_facts(facts: PrecisionFacts, fix: Fix) -> PrecisionFacts:
+    """The facts once ``fix`` is applied (its KV and model dtypes, its skips)."""
+    flags = dict(fix.flags)
+    layers = facts.layers
+    if SKIP_LAYERS_FLAG in fix.without:
+        layers = replace(layers, skip_requested=frozenset())
+    return replace(
+        facts,
+        kv_cache_dtype=flags.get(KV_CACHE_DTYPE_FLAG, facts.kv_cache_dtype),
+        model_dtype=flags.get(DTYPE_FLAG, facts.model_dtype),
+        layers=layers,
+    )
+
+
+def _with_skipped_layers_dropped(facts: PrecisionFacts, verdict: Verdict) -> Verdict:
+    """A refusal whose fixes would quantize the main cache also drops the skip
+    list that would leave some layers unquantized beside it."""
+    if verdict.outcome is not Outcome.ERROR or not facts.layers.skipped_dense:
+        return verdict
+
+    def dropped(fix: Fix) -> Fix:
+        if ALLOW_MIXED_ENV in fix.env_map:
+            return fix
+        if not fixed_facts(facts, fix).unquantized_dense_layers:
+            return fix
+        return replace(fix, without=(*fix.without, SKIP_LAYERS_FLAG))
+
+    reason = verdict.reason
+    why = _skipped_layers(facts)
+    if why is not None and why not in reason:
+        reason = f"{reason.rstrip('.')}; also, {why}."
+    return replace(verdict, reason=reason, fixes=tuple(map(dropped, verdict.fixes)))
+
+
+def _ignored_skips(facts: PrecisionFacts) -> tuple[str, ...]:
+    ignored = facts.layers.skip_ignored
+    if not ignored or not facts.main_is_quantized:
+        return ()
+    return (
+        f"MiniMax-M3 sparse attention ignores {SKIP_LAYERS_FLAG} for "
+        f"{facts.layers.describe(ignored)}: their main cache stays "
+        f"{facts.main_cache_precision}.",
+    )
+
+
+def _accept_mixed(facts: PrecisionFacts, refusal: Verdict, indexer: str) -> Verdict:
     """The opt-in's verdict: run mixed, unless the bf16 indexer cannot start."""
-    flags, env = _bf16_indexer_needs(facts)
+    flags, env = (
+        _bf16_indexer_needs(facts)
+        if facts.layers.has_index_cache and indexer not in FP8_INDEXER_DTYPES
+        else ((), ())
+    )
     if flags or env:
         blocked = _mixed_fix(facts)
         assert blocked is not None
@@ -696,13 +902,27 @@ def _accept_mixed(facts: PrecisionFacts, refusal: Verdict) -> Verdict:
             fixes=(blocked, *(f for f in refusal.fixes if f != blocked)),
         )
     main = facts.main_cache_precision
+    parts = [f"main cache {main}"]
+    if facts.unquantized_dense_layers:
+        parts.append(
+            f"{facts.layers.describe(facts.unquantized_dense_layers)} "
+            f"{facts.model_dtype} ({SKIP_LAYERS_FLAG})"
+        )
+    if facts.layers.has_index_cache:
+        parts.append(
+            f"indexer cache {'fp8' if indexer in FP8_INDEXER_DTYPES else 'bf16'}"
+        )
+    cost = (
+        ", and the bf16 index keys take twice the bytes of fp8 ones"
+        if facts.layers.has_index_cache and indexer not in FP8_INDEXER_DTYPES
+        else ""
+    )
     return Verdict(
         Outcome.MIXED,
-        facts.indexer_kv_dtype,
-        f"mixed KV pool by {ALLOW_MIXED_ENV}=1: main cache {main}, indexer cache "
-        f"bf16 on {facts.platform.name}. Every worker and the scheduler zero "
-        "each newly allocated block before use (one device memset per block), "
-        "and the bf16 index keys take twice the bytes of fp8 ones",
+        indexer,
+        f"mixed KV pool by {ALLOW_MIXED_ENV}=1: {', '.join(parts)} on "
+        f"{facts.platform.name}. Every worker and the scheduler zero each newly "
+        f"allocated block before use (one device memset per block){cost}",
     )
 
 
@@ -712,28 +932,28 @@ def decide(facts: PrecisionFacts) -> Verdict:
     Never changes an explicit indexer dtype: only ``auto`` is resolved.
     """
     target = _decide_target(replace(facts, draft_kv_cache_dtype=None))
+    notes = _ignored_skips(facts)
     if target.outcome is Outcome.ERROR:
-        return _with_drafter_matched(facts, target)
+        verdict = _with_drafter_matched(facts, target)
+        return replace(_with_skipped_layers_dropped(facts, verdict), notes=notes)
     for rule in DRAFTER_RULES:
         verdict = rule.check(facts, [])
         if verdict is not None:
-            return verdict
-    return target
+            return replace(_with_skipped_layers_dropped(facts, verdict), notes=notes)
+    return replace(target, notes=notes)
 
 
-def _decide_target(facts: PrecisionFacts) -> Verdict:
-    """The target model's own two caches."""
+def _uniform_indexer(facts: PrecisionFacts) -> Verdict:
+    """What the index cache runs with once every pairing rule is satisfied."""
     indexer = facts.indexer_kv_dtype
+    if not facts.layers.has_index_cache:
+        return Verdict(
+            Outcome.UNCHANGED,
+            indexer,
+            "no layer builds an index cache (sparse_attention_freq marks none)",
+        )
     if facts.main_cache_precision == BF16 and indexer in BF16_INDEXER_DTYPES:
         return Verdict(Outcome.UNCHANGED, indexer, "both caches bf16")
-    blockers = _blockers(facts)
-    for rule in PAIRING_RULES:
-        verdict = rule.check(facts, blockers)
-        if verdict is None:
-            continue
-        if rule.mixed_pool_runs and facts.allow_mixed and _main_cache_runs_here(facts):
-            return _accept_mixed(facts, verdict)
-        return verdict
     if _is_fp8_indexer(facts):
         return Verdict(Outcome.UNIFORM, indexer, "both caches fp8 e4m3 as set")
     if indexer == "auto":
@@ -746,3 +966,26 @@ def _decide_target(facts: PrecisionFacts) -> Verdict:
         )
     # Reached only if a pairing rule above is taken out: leave the request be.
     return Verdict(Outcome.UNCHANGED, indexer, "left as requested")
+
+
+def _decide_target(facts: PrecisionFacts) -> Verdict:
+    """The target model's own pool."""
+    indexer = facts.indexer_kv_dtype
+    in_scope = all(rule.applies(facts) for rule in SCOPE_RULES)
+    both_bf16 = facts.main_cache_precision == BF16 and indexer in BF16_INDEXER_DTYPES
+    blockers = _blockers(facts) if in_scope and not both_bf16 else []
+    for rule in PAIRING_RULES:
+        if rule.about_index_cache and (both_bf16 or not in_scope):
+            continue
+        verdict = rule.check(facts, blockers)
+        if verdict is None:
+            continue
+        if rule.mixed_pool_runs and facts.allow_mixed and _main_cache_runs_here(facts):
+            resolved = (
+                _uniform_indexer(facts).indexer_kv_dtype
+                if (not rule.about_index_cache)
+                else indexer
+            )
+            return _accept_mixed(facts, verdict, resolved)
+        return verdict
+    return _uniform_indexer(facts)

@@ -28,8 +28,9 @@ class KVBytes:
 
 
 def sparse_layer_count(model_config: ModelConfig) -> int:
-    sparse = model_config.hf_text_config.sparse_attention_config
-    return sum(1 for flag in sparse["sparse_attention_freq"] if flag)
+    from vllm_minimax_m3_kv.config.facts import sparse_layer_ids
+
+    return len(sparse_layer_ids(model_config))
 
 
 def kv_bytes_per_token(
@@ -38,8 +39,13 @@ def kv_bytes_per_token(
     kv_cache_dtype: str,
     indexer_kv_dtype: str,
     tensor_parallel_size: int,
+    unquantized_layers: int = 0,
 ) -> KVBytes:
-    """Bytes one token occupies on one rank, across all layers."""
+    """Bytes one token occupies on one rank, across all layers.
+
+    ``unquantized_layers`` dense layers keep the model dtype
+    (``--kv-cache-dtype-skip-layers``).
+    """
     import torch
     from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
     from vllm.v1.kv_cache_interface import (
@@ -49,14 +55,17 @@ def kv_bytes_per_token(
     )
 
     text = model_config.hf_text_config
-    main = FullAttentionSpec(
-        block_size=_BLOCK,
-        num_kv_heads=max(1, text.num_key_value_heads // tensor_parallel_size),
-        head_size=text.head_dim,
-        dtype=kv_cache_dtype_str_to_dtype(kv_cache_dtype, model_config),
-        # Packed formats (nvfp4, int4, turboquant, ...) size pages by mode.
-        kv_quant_mode=get_kv_quant_mode(kv_cache_dtype),
-    )
+
+    def main_spec(dtype: str) -> FullAttentionSpec:
+        return FullAttentionSpec(
+            block_size=_BLOCK,
+            num_kv_heads=max(1, text.num_key_value_heads // tensor_parallel_size),
+            head_size=text.head_dim,
+            dtype=kv_cache_dtype_str_to_dtype(dtype, model_config),
+            # Packed formats (nvfp4, int4, turboquant, ...) size pages by mode.
+            kv_quant_mode=get_kv_quant_mode(dtype),
+        )
+
     indexer_dtype = (
         torch.float8_e4m3fn
         if indexer_kv_dtype in ("fp8", "fp8_e4m3")
@@ -68,7 +77,9 @@ def kv_bytes_per_token(
         head_size=int(text.sparse_attention_config["sparse_index_dim"]),
         dtype=indexer_dtype,
     )
+    quantized = text.num_hidden_layers - unquantized_layers
     return KVBytes(
-        main=main.page_size_bytes // _BLOCK * text.num_hidden_layers,
+        main=main_spec(kv_cache_dtype).page_size_bytes // _BLOCK * quantized
+        + main_spec("auto").page_size_bytes // _BLOCK * unquantized_layers,
         indexer=indexer.page_size_bytes // _BLOCK * sparse_layer_count(model_config),
     )

@@ -22,19 +22,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
+from vllm_minimax_m3_kv import register
 from vllm_minimax_m3_kv.config.facts import (
     TARGETS,
     is_minimax_m3,
     judging_for,
-    precision_facts,
-    sparse_shape,
     target_platform_facts,
 )
 from vllm_minimax_m3_kv.config.indexer_precision import (
     ALLOW_MIXED_ENV,
     STOCK_INDEXER_DEFAULT,
     Outcome,
-    decide,
+    PrecisionFacts,
+    Verdict,
 )
 
 EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3
@@ -162,6 +162,7 @@ class Plan:
     token_capacity_vs_stock: float
     outcome: str
     message: str
+    notes: list[str]
 
     def render(self) -> str:
         rows = [
@@ -216,39 +217,29 @@ def plan_for(args: argparse.Namespace) -> Plan:
         model_config = engine_args.create_model_config()
     except Exception as error:  # unreadable model: this command's usage error
         raise _UsageError(_unreadable_model(args.model, error)) from error
-    shape = sparse_shape(model_config)
-    if not is_minimax_m3(model_config) or shape is None:
+    if not is_minimax_m3(model_config):
         raise _UsageError(
-            f"{model_config.architecture} is not a sparse MiniMax-M3 "
-            "architecture; this check only judges MiniMax-M3."
+            f"{model_config.architecture} is not a MiniMax-M3 architecture; "
+            "this check only judges MiniMax-M3."
         )
-    platform = target_platform_facts(args.target)
-    kv_cache_dtype = str(engine_args.kv_cache_dtype)
-    facts = precision_facts(
-        platform,
-        model_config=model_config,
-        kv_cache_dtype=kv_cache_dtype,
-        attention_config=engine_args.attention_config,
-        tensor_parallel_size=engine_args.tensor_parallel_size,
-        shape=shape,
-        speculative_config=engine_args.speculative_config,
+    # Judged by the plugin's own hook, whatever VLLM_PLUGINS says.
+    register()
+    facts, verdict = _judge_like_vllm_serve(
+        engine_args, args.target, quiet=not args.verbose
     )
-    verdict = decide(facts)
-    _validate_like_vllm_serve(engine_args, args.target, quiet=not args.verbose)
     resolved = verdict.indexer_kv_dtype
-    tp = engine_args.tensor_parallel_size
-    ours = kv_bytes_per_token(
-        model_config,
-        kv_cache_dtype=kv_cache_dtype,
-        indexer_kv_dtype=resolved,
-        tensor_parallel_size=tp,
-    )
+    tp = facts.tensor_parallel_size
+    sizes = {
+        "model_config": model_config,
+        "kv_cache_dtype": facts.kv_cache_dtype,
+        "tensor_parallel_size": tp,
+        "unquantized_layers": len(facts.unquantized_dense_layers),
+    }
+    ours = kv_bytes_per_token(**sizes, indexer_kv_dtype=resolved)
     requested = facts.indexer_kv_dtype
     stock = kv_bytes_per_token(
-        model_config,
-        kv_cache_dtype=kv_cache_dtype,
+        **sizes,
         indexer_kv_dtype=STOCK_INDEXER_DEFAULT if requested == "auto" else requested,
-        tensor_parallel_size=tp,
     )
     # Both caches bf16 (unchanged) is uniform too; only MIXED and ERROR are not.
     uniform = verdict.outcome not in (Outcome.MIXED, Outcome.ERROR)
@@ -256,12 +247,13 @@ def plan_for(args: argparse.Namespace) -> Plan:
         Outcome.ERROR: ZEROER_REFUSED,
         Outcome.MIXED: ZEROER_HONOURED,
     }.get(verdict.outcome, ZEROER_NOT_BUILT)
+    platform = target_platform_facts(args.target)
     return Plan(
         architecture=model_config.architecture,
         target=f"{args.target} ({platform.name})",
-        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_dtype=facts.kv_cache_dtype,
         indexer_kv_dtype=resolved if resolved != "auto" else STOCK_INDEXER_DEFAULT,
-        indexer_inherited=verdict.outcome is Outcome.INHERITED,
+        indexer_inherited=resolved != requested,
         uniform_precision=uniform,
         kv_block_zeroer=zeroer,
         tensor_parallel_size=tp,
@@ -272,15 +264,18 @@ def plan_for(args: argparse.Namespace) -> Plan:
         token_capacity_vs_stock=round(stock.total / ours.total, 4),
         outcome=verdict.outcome.value,
         message=verdict.message,
+        notes=list(verdict.notes),
     )
 
 
-def _validate_like_vllm_serve(engine_args: Any, target: str, quiet: bool) -> None:
-    """vLLM's own config validation for these flags, as ``vllm serve`` runs it.
-
-    A plugin refusal is the verdict ``decide`` already gave; anything else
-    vLLM refuses (dtype names, TP that does not divide the heads, lengths)
-    is this command's usage error, in vLLM's own words.
+def _judge_like_vllm_serve(
+    engine_args: Any, target: str, quiet: bool
+) -> tuple[PrecisionFacts, Verdict]:
+    """vLLM's own config validation for these flags, as ``vllm serve`` runs
+    it, with the plugin's hook judging for ``target``: its verdict (from the
+    config vLLM resolved, skip layers it adds included) is the answer. A
+    refusal by vLLM itself (dtype names, TP that does not divide the heads,
+    lengths) is this command's usage error, in vLLM's own words.
     """
     from vllm_minimax_m3_kv.model_executor.models.config import (
         IndexerPrecisionError,
@@ -291,15 +286,23 @@ def _validate_like_vllm_serve(engine_args: Any, target: str, quiet: bool) -> Non
     if quiet:
         logging.disable(logging.WARNING)
     try:
-        with judging_for(target), _native_decision_stands_aside():
-            replace(engine_args).create_engine_config()
-    except Exception as error:
-        cause = validation_cause(error)
-        if isinstance(cause, IndexerPrecisionError):
-            return
-        raise _UsageError(f"vLLM refuses these flags: {_first_line(cause)}") from error
+        with judging_for(target) as judgement, _native_decision_stands_aside():
+            try:
+                replace(engine_args).create_engine_config()
+            except Exception as error:
+                cause = validation_cause(error)
+                if not isinstance(cause, IndexerPrecisionError):
+                    raise _UsageError(
+                        f"vLLM refuses these flags: {_first_line(cause)}"
+                    ) from error
     finally:
         logging.disable(logging.NOTSET)
+    if judgement.facts is None or judgement.verdict is None:
+        raise _UsageError(
+            "vLLM accepted these flags without running the MiniMax-M3 hook; "
+            "is vllm-minimax-m3-kv excluded by VLLM_PLUGINS?"
+        )
+    return judgement.facts, judgement.verdict
 
 
 @contextlib.contextmanager
@@ -382,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(plan), indent=2))
     else:
         print(plan.render())
+    for note in plan.notes:
+        print(f"warning: {note}", file=sys.stderr)
     return plan.exit_code
 
 

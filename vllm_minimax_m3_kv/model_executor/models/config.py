@@ -12,9 +12,14 @@ from typing import TYPE_CHECKING
 from vllm_minimax_m3_kv.config.facts import (
     live_platform_facts,
     precision_facts,
-    sparse_shape,
+    record_judgement,
 )
-from vllm_minimax_m3_kv.config.indexer_precision import Outcome, Verdict, decide
+from vllm_minimax_m3_kv.config.indexer_precision import (
+    Outcome,
+    PrecisionFacts,
+    Verdict,
+    decide,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -29,42 +34,49 @@ class IndexerPrecisionError(ValueError):
         self.verdict = verdict
 
 
-def live_verdict(vllm_config: VllmConfig) -> Verdict | None:
-    """The policy's verdict for this engine config, on this process's platform."""
-    model_config = vllm_config.model_config
-    shape = sparse_shape(model_config) if model_config is not None else None
-    if shape is None:
-        return None
-    facts = precision_facts(
+def live_facts(vllm_config: VllmConfig) -> PrecisionFacts:
+    """The policy's facts for this engine config, on this process's platform."""
+    parallel = vllm_config.parallel_config
+    return precision_facts(
         live_platform_facts(),
-        model_config=model_config,
-        kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+        model_config=vllm_config.model_config,
+        cache_config=vllm_config.cache_config,
         attention_config=vllm_config.attention_config,
-        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
-        shape=shape,
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        pipeline_parallel_size=parallel.pipeline_parallel_size,
         speculative_config=vllm_config.speculative_config,
     )
-    return decide(facts)
 
 
 def apply_indexer_precision(vllm_config: VllmConfig) -> None:
     """Resolve ``auto`` to fp8 where it makes the pool uniform, else raise."""
     from vllm_minimax_m3_kv._log import get_logger
 
-    verdict = live_verdict(vllm_config)
-    if verdict is None or verdict.outcome in (Outcome.UNCHANGED, Outcome.UNIFORM):
+    if vllm_config.model_config is None:
         return
+    facts = live_facts(vllm_config)
+    verdict = decide(facts)
+    record_judgement(facts, verdict)
+    logger = get_logger(__name__)
+    for note in verdict.notes:
+        logger.warning_once(note)
     if verdict.outcome is Outcome.ERROR:
         raise IndexerPrecisionError(verdict)
     if verdict.outcome is Outcome.MIXED:
         # The zeroing patch (patches.py) makes every worker and the scheduler
-        # honour the zeroer this pool needs; the request itself is kept.
-        get_logger(__name__).warning_once("MiniMax-M3 %s.", verdict.reason)
+        # honour the zeroer this pool needs.
+        logger.warning_once("MiniMax-M3 %s.", verdict.reason)
+    elif verdict.outcome is not Outcome.INHERITED:
         return
-    vllm_config.attention_config.indexer_kv_dtype = verdict.indexer_kv_dtype
-    get_logger(__name__).info_once(
-        "MiniMax-M3 indexer_kv_dtype=%s (%s).", verdict.indexer_kv_dtype, verdict.reason
-    )
+    if verdict.indexer_kv_dtype != facts.indexer_kv_dtype:
+        vllm_config.attention_config.indexer_kv_dtype = verdict.indexer_kv_dtype
+        logger.info_once(
+            "MiniMax-M3 indexer_kv_dtype=%s (%s).",
+            verdict.indexer_kv_dtype,
+            verdict.reason
+            if verdict.outcome is Outcome.INHERITED
+            else f"inherited from {facts.kv_cache_dtype}",
+        )
 
 
 def make_config_hook(
