@@ -22,16 +22,17 @@ def register() -> None:
         return
     from vllm_minimax_m3_kv import patches
     from vllm_minimax_m3_kv._log import get_logger
+    from vllm_minimax_m3_kv._versions import SUPPORTED_VLLM_INSTALL
 
     logger = get_logger(__name__)
     problems = patches.unsupported_reasons()
     if problems:
         _registered = False
         logger.warning(
-            "vllm-minimax-m3-kv is inactive, vLLM runs unchanged: %s. "
-            "Install a supported vLLM (pip install 'vllm>=0.33,<0.34') or "
-            "uninstall vllm-minimax-m3-kv.",
+            "vllm-minimax-m3-kv is inactive, vLLM runs unchanged: %s. %s; or "
+            "pip uninstall vllm-minimax-m3-kv.",
             "; ".join(problems),
+            SUPPORTED_VLLM_INSTALL,
         )
         return
     applied, left_to_vllm = [], []

@@ -21,14 +21,11 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
 from vllm_minimax_m3_kv._import_hooks import when_imported
-
-SUPPORTED_VLLM = ((0, 33), (0, 34))
-"""Half-open ``[0.33, 0.34)`` range, as in ``pyproject.toml``."""
+from vllm_minimax_m3_kv._versions import vllm_version_problem
 
 INDEXER_MODULE = "vllm.models.minimax_m3.common.indexer"
 MODELS_CONFIG_MODULE = "vllm.model_executor.models.config"
@@ -334,22 +331,6 @@ PATCHES: tuple[Patch, ...] = (
         apply=_apply_env_table,
     ),
 )
-
-
-def vllm_version_problem() -> str | None:
-    """None when the installed vLLM is in the supported range, else why not."""
-    try:
-        version = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return "vLLM is not installed"
-    try:
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except ValueError:
-        return f"vLLM {version} has an unrecognised version"
-    low, high = SUPPORTED_VLLM
-    if not low <= (major, minor) < high:
-        return f"vLLM {version} is outside the supported range >=0.33,<0.34"
-    return None
 
 
 def unsupported_reasons() -> list[str]:

@@ -16,17 +16,60 @@
 REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
 
-VLLM_BIN="${VLLM_BIN:-vllm}"
-CHECK_BIN="${CHECK_BIN:-vllm-minimax-m3-kv}"
-HEALTH_TIMEOUT_S="${HEALTH_TIMEOUT_S:-1800}"
-KV_PRECISION="${KV_PRECISION:-fp8}"
+DEFAULT_KV_PRECISION=fp8
+DEFAULT_GPU_MEMORY_UTILIZATION=0.9
+DEFAULT_MAX_NUM_BATCHED_TOKENS=16384
+DEFAULT_HEALTH_TIMEOUT_S=1800
+DEFAULT_VLLM_BIN=vllm
+DEFAULT_CHECK_BIN=vllm-minimax-m3-kv
+
+VLLM_BIN="${VLLM_BIN:-$DEFAULT_VLLM_BIN}"
+CHECK_BIN="${CHECK_BIN:-$DEFAULT_CHECK_BIN}"
+HEALTH_TIMEOUT_S="${HEALTH_TIMEOUT_S:-$DEFAULT_HEALTH_TIMEOUT_S}"
+KV_PRECISION="${KV_PRECISION:-$DEFAULT_KV_PRECISION}"
 # Upstream recipes enable AITER sparse paged attention for MiniMax-M3 on
 # MI355X only from these (InferenceX PR #2187, vLLM recipes PR #654).
 AITER_SPARSE_PA_MIN_ISL=8192
 AITER_SPARSE_PA_MIN_CONC=64
-GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.9}"
-MAX_NUM_BATCHED_TOKENS="${MAX_NUM_BATCHED_TOKENS:-16384}"
+GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-$DEFAULT_GPU_MEMORY_UTILIZATION}"
+MAX_NUM_BATCHED_TOKENS="${MAX_NUM_BATCHED_TOKENS:-$DEFAULT_MAX_NUM_BATCHED_TOKENS}"
 SERVER_PID=""
+
+usage() {
+    cat <<EOF
+usage: $0 [--dry-run | --help]
+
+MiniMax-M3 on ${TARGET}: preflight (vllm-minimax-m3-kv check), vllm serve,
+wait for /health, vllm bench serve, stop the server. --dry-run prints the
+commands and runs only the preflight.
+
+required environment:
+  MODEL               model id or local path to serve
+  TP                  tensor parallel size (data parallel size with DP_ATTENTION)
+  EP_SIZE             expert parallel size (>1 adds --enable-expert-parallel)
+  DP_ATTENTION        true: --data-parallel-size TP --enable-expert-parallel
+  PORT                server port
+  MAX_MODEL_LEN       --max-model-len
+  CONC                benchmark concurrency (CONC*10 prompts)
+  ISL                 benchmark input length
+  OSL                 benchmark output length
+  RANDOM_RANGE_RATIO  benchmark length spread
+  RESULT_FILENAME     benchmark result file name
+  RESULT_DIR          where results and server.log go
+
+optional environment (default):
+  KV_PRECISION            fp8 | bf16 | mixed (${DEFAULT_KV_PRECISION})
+  MODEL_PATH              local checkpoint served and judged instead of MODEL (unset)
+  PP                      pipeline parallel size (unset)
+  RUN_EVAL                1: lm-eval gsm8k after the benchmark (0)
+  GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (${DEFAULT_GPU_MEMORY_UTILIZATION})
+  MAX_NUM_BATCHED_TOKENS  --max-num-batched-tokens (${DEFAULT_MAX_NUM_BATCHED_TOKENS})
+  HEALTH_TIMEOUT_S        seconds to wait for /health (${DEFAULT_HEALTH_TIMEOUT_S})
+  VLLM_ENGINE_READY_TIMEOUT_S  vLLM's engine start timeout (3600)
+  VLLM_BIN                vllm command (${DEFAULT_VLLM_BIN})
+  CHECK_BIN               preflight command (${DEFAULT_CHECK_BIN})
+EOF
+}
 
 require_inputs() {
     local missing=() name
@@ -185,9 +228,13 @@ minimaxm3_main() {
     local dry_run=false
     case "${1:-}" in
     --dry-run) dry_run=true ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
     "") ;;
     *)
-        echo "usage: $0 [--dry-run]" >&2
+        usage >&2
         exit 64
         ;;
     esac

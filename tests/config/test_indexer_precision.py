@@ -453,3 +453,48 @@ def test_unset_aiter_variables_are_said_to_be_unset():
     )
     set_to_zero = decide(facts(MI355X_NO_AITER)).message
     assert "VLLM_ROCM_USE_AITER=0, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0" in set_to_zero
+
+
+# -- every message reads right for every main dtype ---------------------------
+
+E4M3 = ("fp8", "fp8_e4m3")
+
+
+@pytest.mark.parametrize("kv", KV_DTYPES)
+@pytest.mark.parametrize("platform", [MI355X, MI355X_NO_AITER, MI300X, B300, A100])
+def test_fix_labels_and_sentences_fit_every_main_dtype(platform, kv):
+    for indexer in INDEXER_DTYPES:
+        for allow_mixed in (False, True):
+            case = facts(
+                platform,
+                kv=kv,
+                indexer=indexer,
+                tensor_parallel_size=8,
+                allow_mixed=allow_mixed,
+            )
+            verdict = decide(case)
+            reason = verdict.reason
+            # Refusals are sentences; other reasons are clauses the hook wraps.
+            assert reason.endswith(".") == (verdict.outcome is Outcome.ERROR), reason
+            for garble in (" means two", ";;", "; ;", "..", " ,", "  ", ".;", ";."):
+                assert garble not in reason, (garble, reason)
+            if "the fp8 main cache" in reason:
+                assert kv in E4M3, reason
+            for fix in verdict.fixes:
+                sets_kv = dict(fix.flags).get("--kv-cache-dtype")
+                if "keep the fp8 KV cache" in fix.summary:
+                    assert kv in E4M3 and sets_kv is None, (kv, fix)
+                if sets_kv == "fp8" and kv not in E4M3:
+                    assert "keep" not in fix.summary, (kv, fix)
+                assert "  " not in fix.render().split("  (", 1)[0], fix.render()
+
+
+def test_a_non_e4m3_main_cache_is_switched_not_kept():
+    verdict = decide(facts(B300, kv="fp8_e5m2"))
+    labels = [fix.summary for fix in verdict.fixes]
+    assert "fp8 KV cache and fp8 indexer" in labels
+    assert not any("keep the fp8 KV cache" in label for label in labels)
+    explicit = decide(facts(indexer="bf16")).reason
+    assert "an explicit bf16 indexer would sit beside the fp8 main cache; two" in (
+        explicit
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -98,7 +99,7 @@ def test_json_attention_config_is_parsed_like_vllm_serve(basic):
 
 def test_usage_errors_exit_1(basic):
     assert [r["exit"] for r in basic[3:6]] == [1, 1, 1]
-    assert "not a sparse MiniMax-M3" in basic[5]["stderr"]
+    assert "is not a MiniMax-M3 architecture" in basic[5]["stderr"]
 
 
 def test_non_bf16_non_fp8_main_caches_are_refused_with_fixes(basic):
@@ -309,13 +310,109 @@ def test_check_is_quiet_unless_verbose():
     assert verbose.stdout == quiet.stdout
 
 
-def test_help_shows_checks_own_flags_first():
+def test_help_lists_checks_own_flags_and_how_to_see_vllms():
     proc, _ = run_cli("--help")
     assert proc.returncode == 0 and proc.stderr == ""
     own = proc.stdout.index("check options")
-    assert own < proc.stdout.index("Config Groups:")
     for flag in ("--target", "--json", "--verbose"):
-        assert proc.stdout.index(flag, own) < proc.stdout.index("Config Groups:")
+        assert proc.stdout.index(flag, own) > own
+    assert "(required)" in proc.stdout and "default: None" not in proc.stdout
+    assert "--help=GROUP" in proc.stdout and "exit codes:" in proc.stdout
+
+
+def test_vllms_own_flag_groups_are_one_help_away():
+    proc, _ = run_cli("--help=CacheConfig")
+    assert proc.returncode == 0, proc.stderr
+    assert "--kv-cache-dtype-skip-layers" in proc.stdout
+
+
+def _without_importing_vllm(*argv: str, python: str = sys.executable) -> dict:
+    """Run check's main in a fresh interpreter; report what it imported."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from vllm_minimax_m3_kv.entrypoints.check import main\n"
+        "out, err = io.StringIO(), io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+        f"    code = main({list(argv)!r})\n"
+        "print(json.dumps({'exit': code, 'stdout': out.getvalue(),\n"
+        "    'stderr': err.getvalue(), 'vllm': 'vllm' in sys.modules,\n"
+        "    'torch': 'torch' in sys.modules}))\n"
+    )
+    proc = subprocess.run(
+        [python, "-c", code],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("--help",), None),
+        ((), "the following argument is required: --target (one of: mi355x"),
+        (("--target", "mi35x"), "invalid choice: 'mi35x'"),
+        (("--target", "mi355x", "/models/typo/MiniMax-M3"), "cannot read the model"),
+        (
+            ("--target", "mi355x", "--model", "nosuchorg/NoSuch"),
+            "cannot read the model",
+        ),
+    ],
+)
+def test_help_and_usage_errors_answer_without_importing_vllm(argv, says):
+    result = _without_importing_vllm(*argv)
+    assert not result["vllm"] and not result["torch"], result
+    if says is None:
+        assert result["exit"] == 0 and "check options" in result["stdout"]
+        return
+    assert result["exit"] == 1 and result["stdout"] == ""
+    lines = result["stderr"].strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result["stderr"]
+
+
+def _python_without_vllm() -> str:
+    """This interpreter's base installation: the venv's packages (vLLM
+    among them) are not on its path."""
+    python = os.path.join(sys.base_prefix, "bin", "python3")
+    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("the base interpreter has vLLM installed")
+    return python
+
+
+def test_without_vllm_help_works_and_a_verdict_names_the_rocm_safe_install():
+    python = _python_without_vllm()
+    helped = _without_importing_vllm("--help", python=python)
+    assert helped["exit"] == 0 and "check options" in helped["stdout"]
+    refused = _without_importing_vllm("--target", "mi355x", python=python)
+    assert refused["exit"] == 1
+    lines = refused["stderr"].strip().splitlines()
+    assert len(lines) == 1, refused["stderr"]
+    assert "vLLM is not installed" in lines[0]
+    assert ">=0.33,<0.34" in lines[0] and "pip install --no-deps" in lines[0]
+
+
+def test_plan_on_stdout_refusal_and_fixes_on_stderr():
+    refused, _ = run_cli("--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8")
+    assert refused.returncode == 2
+    assert "KV block zeroer          none:" in refused.stdout
+    assert "Fix with one of:" not in refused.stdout
+    assert refused.stderr.startswith("MiniMax-M3 KV precision:")
+    assert "Fix with one of:" in refused.stderr
+    mixed, _ = run_cli(
+        "--target",
+        "mi355x",
+        "--kv-cache-dtype",
+        "fp8",
+        env={"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
+    )
+    assert mixed.returncode == 3
+    assert mixed.stderr.startswith("warning: mixed KV pool by")
+    assert "mixed KV pool" not in mixed.stdout
 
 
 @pytest.mark.parametrize("model", ["nosuchorg/NoSuchModel", "/models/typo/MiniMax-M3"])

@@ -165,8 +165,8 @@ def test_preflight_failure_refuses_to_launch(tmp_path):
     env = inputs(tmp_path, MAX_MODEL_LEN="2000000", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
     proc = run_script("minimaxm3_fp8_mi355x.sh", env)
     assert proc.returncode == 2
-    assert "more than the 8192 the AITER MSA top-k holds" in proc.stdout
-    assert "--max-model-len 1048576" in proc.stdout
+    assert "more than the 8192 the AITER MSA top-k holds" in proc.stderr
+    assert "--max-model-len 1048576" in proc.stderr
     assert "not launching" in proc.stderr
     assert not (tmp_path / "server.pid").exists()
 
@@ -275,3 +275,30 @@ def test_preflight_judges_the_model_path_the_script_serves(tmp_path):
     assert "is a hub id: the preflight judges the bundled MiniMax-M3 config" in (
         hub.stdout
     )
+
+
+@pytest.mark.parametrize("script", ["minimaxm3_fp8_mi355x.sh", "minimaxm3_fp8_b300.sh"])
+def test_help_lists_every_input_with_its_default(script):
+    proc = run_script(script, {}, "--help")
+    assert proc.returncode == 0 and proc.stderr == ""
+    listed = {
+        line.split()[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith("  ") and line.strip()
+    }
+    library = (SCRIPTS / "lib" / "minimaxm3_fp8_bench.sh").read_text()
+    required = library.split("REQUIRED_VARS=(", 1)[1].split(")", 1)[0].split()
+    optional = ["KV_PRECISION", "MODEL_PATH", "PP", "RUN_EVAL", "HEALTH_TIMEOUT_S"]
+    assert set(required + optional) <= listed, set(required + optional) - listed
+    for name, default in (
+        ("KV_PRECISION", "fp8"),
+        ("GPU_MEMORY_UTILIZATION", "0.9"),
+        ("MAX_NUM_BATCHED_TOKENS", "16384"),
+        ("HEALTH_TIMEOUT_S", "1800"),
+    ):
+        line = next(
+            line for line in proc.stdout.splitlines() if line.split()[:1] == [name]
+        )
+        assert line.rstrip().endswith(f"({default})"), line
+    bad = run_script(script, {}, "--nope")
+    assert bad.returncode == 64 and "required environment:" in bad.stderr

@@ -1,10 +1,19 @@
-"""``vllm-minimax-m3-kv check``: will this MiniMax-M3 config start uniform?
+"""``vllm-minimax-m3-kv check``: will this MiniMax-M3 config start with one
+KV precision?
 
 Takes the flags ``vllm serve`` takes (parsed by vLLM's own parser) plus
-``--target``, and answers on a machine without that GPU: the same facts and
-the same :func:`decide` the live config hook uses, with the target's hardware
-facts in place of the detected platform. Exit 0: starts uniform. Exit 2: the
-validator's error (cause and fix). Exit 1: this command's own usage errors.
+``--target``, and answers on a machine without that GPU: vLLM's own config
+validation runs with the plugin's hook judging for the target, so the live
+hook and this command reach their verdict from the same function.
+
+Everything this command can refuse on its own (``--help``, its own flags, a
+model path that does not exist, a missing or unsupported vLLM) is answered
+before vLLM is imported, in well under a second; a full verdict pays for
+importing vLLM (10-20 s), because it is vLLM's own validation.
+
+stdout is the plan; every refusal, with its fixes, and every warning go to
+stderr. Exit 0: starts with one precision. 3: starts with a mixed pool the
+operator opted into. 2: refused at startup. 1: this command's usage errors.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from vllm_minimax_m3_kv import register
+from vllm_minimax_m3_kv._versions import SUPPORTED_VLLM_INSTALL, vllm_version_problem
 from vllm_minimax_m3_kv.config.facts import (
     TARGETS,
     is_minimax_m3,
@@ -55,24 +65,94 @@ class _UsageError(Exception):
     pass
 
 
+PROG = "vllm-minimax-m3-kv check"
+USAGE = f"{PROG} [MODEL] --target TARGET [--json] [--verbose] [vllm serve flags]"
+DESCRIPTION = (
+    "Preflight a MiniMax-M3 `vllm serve` command for KV precision, on any "
+    "machine: no GPU, no weights, no network."
+)
+EPILOG = """\
+MODEL is a local checkpoint directory or a Hugging Face id already in the
+local cache (check never downloads); omitted, the bundled MiniMax-M3 config is
+judged. Every other flag is a `vllm serve` flag, parsed by vLLM's own parser:
+--help=GROUP (e.g. --help=CacheConfig) or --help=all lists them (imports vLLM).
+
+exit codes: 0 starts with one precision; 3 starts with a mixed pool you opted
+into (VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1); 2 refused at startup (the reason and
+its fixes on stderr); 1 usage error.
+"""
 VERBOSE_FLAG = "--verbose"
-_CHECK_SECTION = "check options (then every `vllm serve` flag; --help=GROUP for one)"
+_CHECK_SECTION = "check options"
+
+
+def _add_own_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """This command's own flags, for its fast parser and vLLM's alike."""
+    group = parser.add_argument_group(_CHECK_SECTION)
+    return [
+        group.add_argument(
+            "--target",
+            choices=TARGETS,
+            # Required, but checked by hand: argparse would print "(default:
+            # None)" in vLLM's help, and this way the message names them all.
+            default=argparse.SUPPRESS,
+            help="GPU to judge for (required). VLLM_ROCM_* and "
+            f"{ALLOW_MIXED_ENV} are read from the environment.",
+        ),
+        group.add_argument(
+            "--json", action="store_true", help="Print the plan as one JSON object."
+        ),
+        group.add_argument(
+            VERBOSE_FLAG,
+            action="store_true",
+            help="Show vLLM's own import and config logs (hidden by default).",
+        ),
+    ]
+
+
+class _OwnParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse exits 2 on bad flags; 2 means "refused" here.
+        raise _UsageError(message)
+
+
+def own_parser() -> argparse.ArgumentParser:
+    """check's own flags, parsed without vLLM (the rest are left over)."""
+    parser = _OwnParser(
+        prog=PROG,
+        usage=USAGE,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+        allow_abbrev=False,
+    )
+    _add_own_arguments(parser)
+    parser.add_argument(
+        "-h",
+        "--help",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="GROUP",
+        help="This help; --help=GROUP for `vllm serve` flags.",
+    )
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The full parser: vLLM's ``vllm serve`` parser with check's flags first."""
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     class CheckParser(FlexibleArgumentParser):
         check_actions: ClassVar[list[argparse.Action]] = []
 
-        # argparse exits 2 on bad flags; 2 means "refused" here.
         def error(self, message: str) -> None:  # type: ignore[override]
             raise _UsageError(message)
 
         def format_help(self) -> str:
             # vLLM's help lists config groups only; this command's own flags
-            # go first, in full, so nobody needs --help=options to find them.
+            # go first, in full.
             full = super().format_help()
             if self._search_keyword is not None:
                 return full
@@ -85,32 +165,74 @@ def build_parser() -> argparse.ArgumentParser:
             return head + own + "\n" + marker + rest if marker else own + full
 
     parser = make_arg_parser(
-        CheckParser(
-            prog="vllm-minimax-m3-kv check",
-            description="Preflight a MiniMax-M3 `vllm serve` command for KV "
-            "precision, on any machine: no GPU, no weights, no network.",
-            usage="vllm-minimax-m3-kv check [model_tag] --target TARGET "
-            "[--json] [--verbose] [vllm serve flags]",
-        )
+        CheckParser(prog=PROG, description=DESCRIPTION, usage=USAGE)
     )
-    CheckParser.check_actions = [
-        parser.add_argument(
-            "--target",
-            required=True,
-            choices=TARGETS,
-            help="GPU to judge for. VLLM_ROCM_* and VLLM_MINIMAX_M3_KV_ALLOW_MIXED "
-            "are read from the environment.",
-        ),
-        parser.add_argument(
-            "--json", action="store_true", help="Print one JSON object."
-        ),
-        parser.add_argument(
-            VERBOSE_FLAG,
-            action="store_true",
-            help="Show vLLM's own import and config logs (hidden by default).",
-        ),
-    ]
+    CheckParser.check_actions = _add_own_arguments(parser)
     return parser
+
+
+@dataclass(frozen=True)
+class _OwnArgs:
+    target: str | None
+    help: bool | str
+    model: str | None
+
+
+def _model_argument(rest: list[str]) -> str | None:
+    """The model a ``vllm serve`` command names: its first positional, or
+    ``--model``."""
+    if rest and not rest[0].startswith("-"):
+        return rest[0]
+    for index, word in enumerate(rest):
+        if word == "--model" and index + 1 < len(rest):
+            return rest[index + 1]
+        if word.startswith("--model="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def _in_local_hub_cache(model: str) -> bool:
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE, "models--" + model.replace("/", "--"))
+    return any(folder.glob("snapshots/*/config.json"))
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def unreadable_model_message(model: str) -> str:
+    return (
+        f"cannot read the model config for {model!r}: it is not a local "
+        "directory, and check does not download (HF_HUB_OFFLINE=1 unless you "
+        "set it). Pass a local checkpoint directory, or omit the model to judge "
+        "the bundled MiniMax-M3 config."
+    )
+
+
+def judge_without_vllm(argv: list[str]) -> _OwnArgs:
+    """Everything check can answer before importing vLLM, or _UsageError."""
+    own, rest = own_parser().parse_known_args(argv)
+    if own.help is not False:
+        return _OwnArgs(None, own.help, None)
+    target = getattr(own, "target", None)
+    if target is None:
+        raise _UsageError(
+            f"the following argument is required: --target (one of: "
+            f"{', '.join(TARGETS)})"
+        )
+    model = _model_argument(rest)
+    if (
+        model is not None
+        and not Path(model).is_dir()
+        and _offline()
+        and not _in_local_hub_cache(model)
+    ):
+        raise _UsageError(unreadable_model_message(model))
+    if (problem := vllm_version_problem()) is not None:
+        raise _UsageError(f"{problem}. {SUPPORTED_VLLM_INSTALL}")
+    return _OwnArgs(target, False, model)
 
 
 @contextlib.contextmanager
@@ -188,10 +310,7 @@ class Plan:
             ),
         ]
         width = max(len(name) for name, _ in rows)
-        lines = [f"{name:<{width}}  {value}" for name, value in rows]
-        if self.outcome in (Outcome.ERROR.value, Outcome.MIXED.value):
-            lines += ["", self.message]
-        return "\n".join(lines)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
     @property
     def exit_code(self) -> int:
@@ -353,12 +472,7 @@ def validation_cause(error: BaseException) -> BaseException:
 def _unreadable_model(model: str, error: Exception) -> str:
     if Path(model).is_dir():  # read, and refused by vLLM's own validation
         return f"vLLM refuses these flags: {_first_line(validation_cause(error))}"
-    return (
-        f"cannot read the model config for {model!r}: it is not a local "
-        "directory, and check does not download (HF_HUB_OFFLINE=1 unless you "
-        "set it). Pass a local checkpoint directory, or omit the model to judge "
-        "the bundled MiniMax-M3 config."
-    )
+    return unreadable_model_message(model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,16 +489,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["check"]:
         argv = argv[1:]
     try:
+        early = judge_without_vllm(argv)
+        if early.help is True:
+            print(own_parser().format_help(), end="")
+            return EXIT_OK
         with _quiet_stderr(VERBOSE_FLAG not in argv):
             args = build_parser().parse_args(argv)
             plan = plan_for(args)
     except _UsageError as error:
-        print(f"vllm-minimax-m3-kv check: {error}", file=sys.stderr)
+        print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         print(json.dumps(asdict(plan), indent=2))
     else:
         print(plan.render())
+    if plan.outcome == Outcome.ERROR.value:
+        print(plan.message, file=sys.stderr)
+    elif plan.outcome == Outcome.MIXED.value:
+        print(f"warning: {plan.message}", file=sys.stderr)
     for note in plan.notes:
         print(f"warning: {note}", file=sys.stderr)
     return plan.exit_code
