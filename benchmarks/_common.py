@@ -2,30 +2,24 @@
 
 vLLM resolves its platform (and loads plugins) once per process, so every
 configuration compared here runs in its own child, on the simulated platform
-from ``tests/sim`` (the same stand-ins the tests use: they only make the
+from ``sim`` (the same stand-ins the tests use: they only make the
 accelerator look present).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from tests.sim.process import json_from_out_file  # noqa: E402
+from sim.process import json_from_out_file
 
 # Loading only another installed plugin keeps this one out, as a stock install.
 WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 AITER_SPARSE_PA = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 
 
-def run_child(script: Path, args: list[str], env: dict[str, str]) -> Any:
-    """Run ``script --child ARGS --out FILE`` and return the JSON it wrote."""
-    return json_from_out_file([str(script), "--child", *args], env)
+def run_child(module: str, args: list[str], env: dict[str, str]) -> Any:
+    """Run ``python -m MODULE --child ARGS --out FILE``; the JSON it wrote."""
+    return json_from_out_file(["-m", module, "--child", *args], env)
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:

@@ -7,7 +7,7 @@ token come from the real index-cache specs of the full 60-layer model (built
 on the meta device under a simulated MI355X, TP 8): bf16 is stock vLLM's
 default, fp8 what this plugin resolves from ``--kv-cache-dtype fp8``.
 
-``python benchmarks/indexer_traffic.py [--json]``
+``python -m benchmarks.indexer_traffic [--json]``
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import AITER_SPARSE_PA, run_child, table
+from benchmarks._common import AITER_SPARSE_PA, run_child, table
 
 PER_TOKENS = 1024
 EXAMPLE_CONTEXT = 128 * 1024
@@ -32,8 +32,8 @@ CASES = {
 
 def measure() -> dict[str, Any]:
     """In a child process: the index-cache spec per case."""
-    from tests.sim import engine as sim
-    from tests.sim.hardware import simulate
+    from sim import engine as sim
+    from sim.hardware import simulate
 
     simulate("mi355x")
     found = {}
@@ -62,7 +62,7 @@ def measure() -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
-    found = run_child(Path(__file__), [], AITER_SPARSE_PA)
+    found = run_child(__spec__.name, [], AITER_SPARSE_PA)
     rows = {}
     for case, spec in found.items():
         per_layer = spec["bytes_per_token_per_layer"] * PER_TOKENS

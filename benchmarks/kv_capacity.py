@@ -11,7 +11,7 @@ meta device under a simulated MI355X), for a fixed KV memory budget:
   (c) this plugin, MI355X launch script: ``--kv-cache-dtype fp8``, AITER on,
       the indexer inherits fp8.
 
-``python benchmarks/kv_capacity.py [--kv-memory-gib 64] [--json]``
+``python -m benchmarks.kv_capacity [--kv-memory-gib 64] [--json]``
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
+from benchmarks._common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
 
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 # The planner needs room for one request of this length; capacity in tokens
@@ -52,8 +52,8 @@ CASES: dict[str, dict[str, Any]] = {
 
 def measure(case: str, kv_memory_bytes: int) -> list[dict[str, Any]]:
     """In a child process: one case, every TP size."""
-    from tests.sim import engine as sim
-    from tests.sim.hardware import simulate
+    from sim import engine as sim
+    from sim.hardware import simulate
 
     simulate("mi355x")
     rows = []
@@ -92,7 +92,7 @@ def run(kv_memory_gib: float) -> dict[str, Any]:
     budget = int(kv_memory_gib * (1 << 30))
     results = {
         case: run_child(
-            Path(__file__),
+            __spec__.name,
             ["--case", case, "--kv-memory-bytes", str(budget)],
             spec["env"],
         )

@@ -9,7 +9,7 @@ times vLLM's ``load_general_plugins()`` and then ``create_engine_config()``
 with / without; the report gives the median ratio over pairs and its range.
 A separate set of children times the plugin's own ``register()``.
 
-``python benchmarks/plugin_overhead.py [--pairs 7] [--json]``
+``python -m benchmarks.plugin_overhead [--pairs 7] [--json]``
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
+from benchmarks._common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
 
 WARM_CALLS = 60
 RECIPE = {
@@ -34,8 +34,8 @@ RECIPE = {
 
 def measure_startup() -> dict[str, Any]:
     """In a child process: plugin loading, then config creation."""
-    from tests.sim import engine as sim
-    from tests.sim.hardware import simulate
+    from sim import engine as sim
+    from sim.hardware import simulate
 
     simulate("mi355x")
     from vllm.plugins import load_general_plugins
@@ -105,7 +105,7 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def run(pairs: int) -> dict[str, Any]:
-    script = Path(__file__)
+    script = __spec__.name
     samples: dict[str, list[dict[str, Any]]] = {"with": [], "without": []}
     for _ in range(pairs):
         samples["with"].append(

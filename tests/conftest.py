@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.sim.process import REPO, child_env, json_from_out_file
+from sim.process import REPO, child_env, json_from_out_file
 
 __all__ = ["REPO", "child_env", "run_scenarios"]
 
@@ -34,7 +34,7 @@ def run_scenarios(
     with tempfile.TemporaryDirectory() as tmp:
         scenario_file = Path(tmp, "scenarios.json")
         scenario_file.write_text(json.dumps(scenarios))
-        argv = ["-m", "tests.sim.runner", "--platform", platform]
+        argv = ["-m", "sim.runner", "--platform", platform]
         records = json_from_out_file(
             [*argv, "--scenarios", str(scenario_file)], env, timeout
         )
@@ -47,8 +47,25 @@ def scenario_runner():
     return run_scenarios
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--matrix",
+        choices=("quick", "full"),
+        default="quick",
+        help="size of the reliability matrix and of the upstream equivalence "
+        "run (tests/reliability/matrix.py SIZES); CI also runs full",
+    )
+
+
 @pytest.fixture(scope="session")
-def reliability_matrix(tmp_path_factory, worker_id) -> dict[str, dict[str, list]]:
+def matrix_size(request: pytest.FixtureRequest) -> str:
+    return request.config.getoption("--matrix")
+
+
+@pytest.fixture(scope="session")
+def reliability_matrix(
+    tmp_path_factory, worker_id, matrix_size
+) -> dict[str, dict[str, list]]:
     """The whole reliability matrix (``tests/reliability/report.py``), run once
     per test run: judged in ``tests/reliability/``, and the plugin's side of
     the upstream patch's equivalence test in ``tests/upstream/``. Under xdist
@@ -58,9 +75,9 @@ def reliability_matrix(tmp_path_factory, worker_id) -> dict[str, dict[str, list]
     from tests.reliability.report import run_matrix
 
     if worker_id == "master":
-        return run_matrix()
+        return run_matrix(matrix_size)
     shared = tmp_path_factory.getbasetemp().parent / "reliability_matrix.json"
     with FileLock(f"{shared}.lock"):
         if not shared.is_file():
-            shared.write_text(json.dumps(run_matrix()))
+            shared.write_text(json.dumps(run_matrix(matrix_size)))
         return json.loads(shared.read_text())

@@ -7,11 +7,10 @@ process and the point is what loading does to a clean one.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
-from tests.sim.process import REPO, child_env, json_from_stdout
+from sim.process import REPO, json_from_stdout
+from sim.process import run_python as fork_python
 
 
 def run_python(code: str, env: dict[str, str] | None = None) -> dict:
@@ -124,9 +123,9 @@ sys.path.insert(0, {repo!r})
 
 
 def load_and_decide(_=None):
-    from tests.sim.hardware import simulate
+    from sim.hardware import simulate
     simulate("mi355x")
-    from tests.sim import engine as sim
+    from sim import engine as sim
     import vllm.plugins, vllm_minimax_m3_kv
 
     vllm.plugins.load_general_plugins()
@@ -150,19 +149,8 @@ if __name__ == "__main__":
 def test_loaded_twice_and_in_a_spawned_child_same_verdict_one_log_line(tmp_path):
     script = tmp_path / "load_and_decide.py"
     script.write_text(_LOAD_AND_DECIDE.format(repo=str(REPO)))
-    env = {
-        **child_env(),
-        "VLLM_ROCM_USE_AITER": "1",
-        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
+    proc = fork_python([str(script)], env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["here"] == result["child"] == {"dtypes": ["fp8", "fp8"]}
@@ -241,9 +229,8 @@ def test_without_the_plugin_vllm_strict_env_validation_refuses_the_opt_in():
 
 def test_operator_can_grep_active_and_pool_lines():
     # As in `vllm serve`: logging is configured before plugins load.
-    proc = subprocess.run(
+    proc = fork_python(
         [
-            sys.executable,
             "-c",
             textwrap.dedent(
                 """
@@ -272,10 +259,6 @@ def test_operator_can_grep_active_and_pool_lines():
                 """
             ),
         ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -411,7 +411,7 @@ def test_a_skipped_sparse_layer_is_ignored_by_vllm_and_said_so():
     assert verdict.outcome is Outcome.INHERITED
     assert verdict.notes == (
         "MiniMax-M3 sparse attention ignores --kv-cache-dtype-skip-layers for "
-        "layer 4: their main cache stays fp8_e4m3.",
+        "layer 4: its main cache stays fp8_e4m3.",
     )
     assert decide(facts(kv="auto", layers=skip)).notes == ()  # nothing to skip
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.process import json_from_stdout
+from sim.process import json_from_stdout
 
 
 @pytest.mark.parametrize("platform", ["mi355x", "mi300x", "b300", "h200"])
 def test_policy_matches_vllm_gates(platform):
-    rows = json_from_stdout(["-m", "tests.sim.gate_contract", platform])
+    rows = json_from_stdout(["-m", "sim.gate_contract", platform])
     assert len(rows) == 60
     disagreements = [case for case, vllm, policy in rows if vllm != policy]
     assert disagreements == []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.process import REPO, child_env, json_from_out_file
+from sim.process import REPO, child_env, json_from_out_file, run_python
 
 AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 TINY = "tests/data/minimax_m3_tiny"
@@ -24,7 +24,7 @@ def run_checks(cases: list[dict]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         cases_file = Path(tmp, "cases.json")
         cases_file.write_text(json.dumps(cases))
-        return json_from_out_file(["-m", "tests.sim.check_batch", str(cases_file)])
+        return json_from_out_file(["-m", "sim.check_batch", str(cases_file)])
 
 
 @pytest.fixture(scope="module")
@@ -288,14 +288,7 @@ def test_check_agrees_with_live_plugin_on_the_pool_vllm_builds(scenario_runner):
 
 def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 120):
     start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "vllm_minimax_m3_kv", "check", *argv],
-        cwd=REPO,
-        env=child_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = run_python(["-m", "vllm_minimax_m3_kv", "check", *argv], env, timeout)
     return proc, time.monotonic() - start
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.engine import TINY_LLAMA, TINY_MODEL, TINY_MODEL_SPARSE_FIRST
+from sim.engine import TINY_LLAMA, TINY_MODEL, TINY_MODEL_SPARSE_FIRST
 
 AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
 AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}

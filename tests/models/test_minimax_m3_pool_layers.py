@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from tests.sim.engine import REPO, TINY_MODEL
+from sim.engine import REPO, TINY_MODEL
 
 AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
@@ -163,7 +163,7 @@ def test_skipping_a_sparse_layer_is_ignored_with_one_warning(mi355x):
     warnings = [w for w in result["plugin_warnings"] if "ignores" in w]
     assert warnings == [
         "MiniMax-M3 sparse attention ignores --kv-cache-dtype-skip-layers for "
-        "layer 4: their main cache stays fp8_e4m3."
+        "layer 4: its main cache stays fp8_e4m3."
     ]
 
 

@@ -18,6 +18,8 @@ import sys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim import engine as sim
+from sim.hardware import simulate
 from tests.reliability.matrix import (
     ALLOW_MIXED,
     CHECKPOINTS,
@@ -27,8 +29,6 @@ from tests.reliability.matrix import (
     SKIP_LAYERS,
     vllm_kv_cache_dtypes,
 )
-from tests.sim import engine as sim
-from tests.sim.hardware import simulate
 
 
 def flag_sets() -> st.SearchStrategy[dict]:

@@ -37,8 +37,9 @@ layers do not mix (``Cell.same_as_stock``), must behave exactly as without
 the plugin.
 
 ``python -m tests.reliability.matrix --platform mi355x-aiter-spa --out f.json``
-runs one platform's cells in this process (vLLM fixes its platform once per
-process); ``tests/reliability/test_matrix.py`` runs them all and judges.
+runs platforms' cells in this process (vLLM fixes its platform once per
+process, so the platforms given must simulate one GPU);
+``tests/reliability/test_matrix.py`` runs them all and judges.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sim import engine as sim
+from sim.hardware import set_aiter, simulate
 from tests.reliability.covering import pairwise_rows
-from tests.sim import engine as sim
-from tests.sim.hardware import set_aiter, simulate
 from vllm_minimax_m3_kv.config.indexer_precision import (
     AITER_MSA_REQUIREMENT,
     AITER_REQUIREMENT,
@@ -332,22 +333,44 @@ class Cell:
         return env
 
 
-def cells(platform: str) -> list[Cell]:
+SIZES = ("quick", "full")
+"""``full``: the core's shape axes in full product, the extension's over the
+pairwise rows. ``quick`` (the default test run): the core's over the pairwise
+rows, the extension's over one row each, rotating so every row (so every
+pair of shape values) still appears. Every other part is the same size in both;
+every rule's witness slice is in both (a test checks)."""
+
+
+def _rows(size: str, index: int) -> list[dict[str, Any]]:
+    """The extension's shape rows for its ``index``-th verdict combination."""
+    if size == "full":
+        return SHAPE_ROWS
+    return [SHAPE_ROWS[index % len(SHAPE_ROWS)]]
+
+
+def cells(platform: str, size: str = "full") -> list[Cell]:
     """The declared table, for one platform."""
     if platform in COVERING_ONLY_PLATFORMS:
-        return extension_cells(platform, with_core_kv=True)
-    table = [
-        Cell(platform, *values)
-        for values in itertools.product(
-            KV_CACHE_DTYPES,
-            INDEXER_KV_DTYPES,
-            TENSOR_PARALLEL_SIZES,
-            PIPELINE_PARALLEL_SIZES,
-            SPECULATIVE,
-            INDEXER_CP,
-            MAX_MODEL_LENS,
-        )
-    ]
+        return extension_cells(platform, size, with_core_kv=True)
+    verdict_axes = list(itertools.product(KV_CACHE_DTYPES, INDEXER_KV_DTYPES))
+    if size == "full":
+        table = [
+            Cell(platform, kv, indexer, *shape)
+            for kv, indexer in verdict_axes
+            for shape in itertools.product(
+                TENSOR_PARALLEL_SIZES,
+                PIPELINE_PARALLEL_SIZES,
+                SPECULATIVE,
+                INDEXER_CP,
+                MAX_MODEL_LENS,
+            )
+        ]
+    else:
+        table = [
+            Cell(platform, kv, indexer, **row)
+            for kv, indexer in verdict_axes
+            for row in SHAPE_ROWS
+        ]
     if platform in OFF_CONTRACT_PLATFORMS:
         table += [
             Cell(platform, kv, indexer, tp, 1, "none", False, 8192, "topk32")
@@ -357,7 +380,7 @@ def cells(platform: str) -> list[Cell]:
         ]
     return (
         table
-        + extension_cells(platform)
+        + extension_cells(platform, size)
         + pool_shape_cells(platform)
         + drafter_cells(platform)
         + partial_install_cells(platform)
@@ -474,19 +497,22 @@ def drafter_cells(platform: str) -> list[Cell]:
     ]
 
 
-def extension_cells(platform: str, with_core_kv: bool = False) -> list[Cell]:
+def extension_cells(
+    platform: str, size: str = "full", with_core_kv: bool = False
+) -> list[Cell]:
     """Every vLLM KV dtype x indexer x opt-in, over the shape covering design."""
-    table = []
-    for kv, opt_in in itertools.product(vllm_kv_cache_dtypes(), (False, True)):
-        if kv in KV_CACHE_DTYPES and not opt_in and not with_core_kv:
-            continue  # the core product has these
-        env = (ALLOW_MIXED,) if opt_in else ()
-        table += [
-            Cell(platform, kv, indexer, **row, env=env)
-            for indexer in INDEXER_KV_DTYPES
-            for row in SHAPE_ROWS
-        ]
-    return table
+    combinations = [
+        (kv, indexer, opt_in)
+        for kv, opt_in in itertools.product(vllm_kv_cache_dtypes(), (False, True))
+        # The core product has these.
+        if with_core_kv or opt_in or kv not in KV_CACHE_DTYPES
+        for indexer in INDEXER_KV_DTYPES
+    ]
+    return [
+        Cell(platform, kv, indexer, **row, env=(ALLOW_MIXED,) if opt_in else ())
+        for index, (kv, indexer, opt_in) in enumerate(combinations)
+        for row in _rows(size, index)
+    ]
 
 
 # -- fixes, as a user would apply them ---------------------------------------
@@ -655,7 +681,7 @@ _aiter_now: str | None = None
 
 
 def _on_rocm(cell: Cell) -> bool:
-    return PLATFORMS[cell.platform][0].startswith("mi")
+    return _on_rocm_hardware(PLATFORMS[cell.platform][0])
 
 
 def _use_aiter(cell: Cell) -> None:
@@ -814,27 +840,45 @@ def matches(cell: Cell, where: dict[str, str]) -> bool:
     return all(str(getattr(cell, k)) == v for k, v in where.items())
 
 
+_hardware: str | None = None
+
+
 def use_platform(platform: str) -> None:
-    """Simulate a platform's hardware and aiter state for this process."""
-    global _aiter_now
+    """Simulate a platform's hardware (once per process) and its aiter state."""
+    global _aiter_now, _hardware
     hardware, _, aiter = PLATFORMS[platform]
-    simulate(hardware, aiter)
+    if _hardware is None:
+        simulate(hardware, aiter)
+        _hardware = hardware
+    assert hardware == _hardware, (hardware, _hardware)
+    if _on_rocm_hardware(hardware) and aiter != _aiter_now:
+        set_aiter(aiter)
     _aiter_now = aiter
+
+
+def _on_rocm_hardware(hardware: str) -> bool:
+    return hardware.startswith("mi")
+
+
+def hardware_groups(platforms: list[str] | tuple[str, ...]) -> list[list[str]]:
+    """Platforms by the hardware they simulate: one process each."""
+    groups: dict[str, list[str]] = {}
+    for platform in platforms:
+        groups.setdefault(PLATFORMS[platform][0], []).append(platform)
+    return list(groups.values())
 
 
 def run_platform(
     platform: str,
+    size: str = "full",
     same_as_stock: bool = False,
-    drop_rule: str | None = None,
     stop_at_defect: bool = False,
     where: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every cell of one platform, in this process."""
     use_platform(platform)
-    if drop_rule is not None:
-        _drop_rule(drop_rule)
     records = []
-    for cell in cells(platform):
+    for cell in cells(platform, size):
         if same_as_stock and not cell.same_as_stock:
             continue
         if not matches(cell, where or {}):
@@ -863,22 +907,47 @@ def run_platform(
     return records
 
 
-def _drop_rule(name: str) -> None:
-    """Mutation testing: run the matrix with one validator rule taken out."""
+RULE_TABLES = ("FP8_INDEXER_RULES", "PAIRING_RULES", "DRAFTER_RULES", "SCOPE_RULES")
+
+
+def run_mutant(rule: str, size: str = "full") -> list[str]:
+    """Mutation testing: the rule's witness slice with that one rule taken out
+    of the policy. Returns the ids of the cells that then fail (the first)."""
     from vllm_minimax_m3_kv.config import indexer_precision as policy
 
-    tables = ("FP8_INDEXER_RULES", "PAIRING_RULES", "DRAFTER_RULES", "SCOPE_RULES")
-    before = sum(len(getattr(policy, table)) for table in tables)
-    for table in tables:
-        rules = getattr(policy, table)
-        setattr(policy, table, tuple(rule for rule in rules if rule.name != name))
-    assert sum(len(getattr(policy, table)) for table in tables) == before - 1
+    saved = {table: getattr(policy, table) for table in RULE_TABLES}
+    for table, rules in saved.items():
+        setattr(policy, table, tuple(r for r in rules if r.name != rule))
+    assert sum(map(len, (getattr(policy, t) for t in RULE_TABLES))) == (
+        sum(map(len, saved.values())) - 1
+    ), rule
+    # Outcomes depend on the rules: judge the slice afresh, then restore.
+    _results.clear()
+    try:
+        platform, *where = RULE_WITNESSES[rule]
+        records = run_platform(
+            platform,
+            size,
+            stop_at_defect=True,
+            where=dict(item.split("=", 1) for item in where),
+        )
+    finally:
+        for table, rules in saved.items():
+            setattr(policy, table, rules)
+        _results.clear()
+    return [r["id"] for r in records if r.get("verdict", {}).get("outcome") == "defect"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--platform", choices=sorted(PLATFORMS), required=True)
+    parser.add_argument(
+        "--platform",
+        choices=sorted(PLATFORMS),
+        action="append",
+        help="repeatable: platforms of one simulated GPU share a process",
+    )
     parser.add_argument("--out", required=True)
+    parser.add_argument("--size", choices=SIZES, default="full")
     parser.add_argument(
         "--same-as-stock",
         action="store_true",
@@ -894,7 +963,12 @@ def main() -> None:
         action="store_true",
         help="write this platform's stages to --foreign-stages and exit",
     )
-    parser.add_argument("--drop-rule")
+    parser.add_argument(
+        "--mutants",
+        nargs="+",
+        metavar="RULE",
+        help="for each rule, its witness slice with the rule taken out",
+    )
     parser.add_argument("--stop-at-defect", action="store_true")
     parser.add_argument(
         "--where",
@@ -907,20 +981,28 @@ def main() -> None:
     global _foreign_stages
     if options.foreign_stages:
         _foreign_stages = Path(options.foreign_stages)
-    if options.dump_stock_stages:
-        hardware, _, aiter = PLATFORMS[options.platform]
-        simulate(hardware, aiter)
-        dump_stock_stages(options.platform)
-        Path(options.out).write_text("[]")
+    out = Path(options.out)
+    if options.mutants:
+        found = {rule: run_mutant(rule, options.size) for rule in options.mutants}
+        out.write_text(json.dumps(found))
         return
-    records = run_platform(
-        options.platform,
-        same_as_stock=options.same_as_stock,
-        drop_rule=options.drop_rule,
-        stop_at_defect=options.stop_at_defect,
-        where=dict(item.split("=", 1) for item in options.where),
-    )
-    Path(options.out).write_text(json.dumps(records))
+    if options.dump_stock_stages:
+        for platform in options.platform:
+            use_platform(platform)
+            dump_stock_stages(platform)
+        out.write_text("{}")
+        return
+    records = {
+        platform: run_platform(
+            platform,
+            options.size,
+            same_as_stock=options.same_as_stock,
+            stop_at_defect=options.stop_at_defect,
+            where=dict(item.split("=", 1) for item in options.where),
+        )
+        for platform in options.platform
+    }
+    out.write_text(json.dumps(records))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Run the whole reliability matrix and count its outcomes.
 
-``python -m tests.reliability.report [--json]`` runs every platform's cells
-with the plugin, and the cells it must leave as stock again without it, two child processes
-at a time; the README's "Reliability" table is its output.
+``python -m tests.reliability.report [--size quick|full] [--json]`` runs
+every platform's cells with the plugin, and the cells it must leave as stock
+again without it (one child process per simulated GPU, two at a time); the
+reliability table in ``docs/reliability.md`` is its output.
 """
 
 from __future__ import annotations
@@ -15,45 +16,77 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tests.reliability.matrix import PARTIAL_INSTALL_PLATFORMS, PLATFORMS
-from tests.sim.process import json_from_out_file
+from sim.process import json_from_out_file
+from tests.reliability.matrix import (
+    PARTIAL_INSTALL_PLATFORMS,
+    PLATFORMS,
+    RULE_WITNESSES,
+    SIZES,
+    hardware_groups,
+)
 
 WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 
 
-def run_child(platform: str, *args: str, env: dict[str, str] | None = None) -> list:
-    """One platform's matrix records, from a fresh process."""
-    argv = ["-m", "tests.reliability.matrix", "--platform", platform, *args]
-    return json_from_out_file(argv, env)
+def run_child(platforms: list[str], *args: str, env: dict[str, str] | None = None):
+    """Matrix records by platform, from one fresh process (one simulated GPU)."""
+    argv = ["-m", "tests.reliability.matrix"]
+    for platform in platforms:
+        argv += ["--platform", platform]
+    return json_from_out_file([*argv, *args], env)
 
 
-def run_matrix(workers: int = 2) -> dict[str, dict[str, list]]:
-    """Per platform: records with the plugin, and bf16-only records without it."""
-    jobs = [(p, "plugin") for p in PLATFORMS] + [(p, "stock") for p in PLATFORMS]
+def run_matrix(size: str = "quick", workers: int = 2) -> dict[str, dict[str, list]]:
+    """Per platform: records with the plugin, and the records of the cells it
+    must leave as stock, without it."""
+    groups = hardware_groups(list(PLATFORMS))
+    jobs = [(group, "plugin") for group in groups] + [
+        (group, "stock") for group in groups
+    ]
+    sized = ("--size", size)
     with tempfile.TemporaryDirectory() as stages, ThreadPoolExecutor(workers) as pool:
         # A node without the plugin, first: its stage specs for the
         # partial-install cells.
         foreign = ("--foreign-stages", stages)
         list(
             pool.map(
-                lambda platform: run_child(
-                    platform, *foreign, "--dump-stock-stages", env=WITHOUT_PLUGIN
+                lambda group: run_child(
+                    group, *foreign, "--dump-stock-stages", env=WITHOUT_PLUGIN
                 ),
-                PARTIAL_INSTALL_PLATFORMS,
+                hardware_groups(PARTIAL_INSTALL_PLATFORMS),
             )
         )
 
-        def run(job: tuple[str, str]) -> list:
-            platform, kind = job
+        def run(job: tuple[list[str], str]) -> dict[str, list]:
+            group, kind = job
             if kind == "plugin":
-                return run_child(platform, *foreign)
-            return run_child(platform, "--same-as-stock", env=WITHOUT_PLUGIN)
+                return run_child(group, *sized, *foreign)
+            return run_child(group, *sized, "--same-as-stock", env=WITHOUT_PLUGIN)
 
         results = list(pool.map(run, jobs))
     runs: dict[str, dict[str, list]] = collections.defaultdict(dict)
-    for (platform, kind), records in zip(jobs, results, strict=True):
-        runs[platform][kind] = records
-    return dict(runs)
+    for (_, kind), by_platform in zip(jobs, results, strict=True):
+        for platform, records in by_platform.items():
+            runs[platform][kind] = records
+    return {platform: runs[platform] for platform in PLATFORMS}
+
+
+def run_mutants(size: str = "quick", workers: int = 2) -> dict[str, list[str]]:
+    """Each rule taken out in turn, on its witness slice: rule -> failing cells.
+    One process per simulated GPU; the rule is restored between mutants."""
+    by_hardware: dict[str, list[str]] = collections.defaultdict(list)
+    for rule, (platform, *_) in RULE_WITNESSES.items():
+        by_hardware[PLATFORMS[platform][0]].append(rule)
+
+    def run(rules: list[str]) -> dict[str, list[str]]:
+        platforms = sorted({RULE_WITNESSES[rule][0] for rule in rules})
+        return run_child(platforms, "--size", size, "--mutants", *rules)
+
+    found: dict[str, list[str]] = {}
+    with ThreadPoolExecutor(workers) as pool:
+        for result in pool.map(run, by_hardware.values()):
+            found.update(result)
+    return found
 
 
 def stock_mismatches(plugin: list, stock: list) -> list[str]:
@@ -129,9 +162,10 @@ def render(rows: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--size", choices=SIZES, default="full")
     parser.add_argument("--workers", type=int, default=2)
     options = parser.parse_args()
-    rows = count(run_matrix(options.workers))
+    rows = count(run_matrix(options.size, options.workers))
     print(json.dumps(rows, indent=1) if options.json else render(rows))
 
 

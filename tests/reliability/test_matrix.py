@@ -8,11 +8,11 @@ one validator rule makes some cell fail, so no rule is dead weight.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from sim.process import json_from_stdout
 from tests.reliability.covering import covers_every_pair
 from tests.reliability.matrix import (
     CHECKPOINTS,
@@ -22,17 +22,15 @@ from tests.reliability.matrix import (
     RULE_WITNESSES,
     SHAPE_AXES,
     SHAPE_ROWS,
+    SIZES,
     SPARSE_LAYERS,
     Cell,
     apply_fix,
+    cells,
+    matches,
     parse_fixes,
 )
-from tests.reliability.report import (
-    count,
-    run_child,
-    stock_mismatches,
-)
-from tests.sim.process import json_from_stdout
+from tests.reliability.report import count, run_mutants, stock_mismatches
 from vllm_minimax_m3_kv.config import indexer_precision as policy
 
 
@@ -140,22 +138,38 @@ def test_every_rule_is_listed():
     assert all(args[0] in PLATFORMS for args in RULE_WITNESSES.values())
 
 
-def test_removing_any_single_rule_makes_a_cell_fail():
-    def mutant(rule: str) -> list:
-        platform, where = RULE_WITNESSES[rule]
-        args = ("--drop-rule", rule, "--stop-at-defect", "--where", where)
-        return _defects(run_child(platform, *args))
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        found = dict(zip(RULE_WITNESSES, pool.map(mutant, RULE_WITNESSES), strict=True))
-    survivors = [rule for rule, defects in found.items() if not defects]
+def test_removing_any_single_rule_makes_a_cell_fail(matrix_size):
+    found = run_mutants(matrix_size)
+    assert set(found) == set(RULE_WITNESSES)
+    survivors = [rule for rule, failing in found.items() if not failing]
     assert not survivors, f"no cell fails without: {survivors}"
 
 
+def test_every_rule_witness_is_in_both_sizes():
+    for rule, (platform, *where) in RULE_WITNESSES.items():
+        wanted = dict(item.split("=", 1) for item in where)
+        for size in SIZES:
+            assert any(matches(c, wanted) for c in cells(platform, size)), (rule, size)
+
+
+def test_quick_size_keeps_every_shape_row_and_every_verdict_combination():
+    quick, full = cells("sm100", "quick"), cells("sm100", "full")
+    assert len(quick) < len(full) / 4
+    verdicts = {(c.kv_cache_dtype, c.indexer_kv_dtype, c.env) for c in full}
+    assert verdicts == {(c.kv_cache_dtype, c.indexer_kv_dtype, c.env) for c in quick}
+    shape = ("tensor_parallel_size", "pipeline_parallel_size", "speculative")
+    rows = {tuple(getattr(c, a) for a in shape) for c in quick}
+    assert {tuple(r[a] for a in shape) for r in SHAPE_ROWS} <= rows
+
+
+LIVE_AGREEMENT_EXAMPLES = {"quick": 40, "full": 150}
+
+
 @pytest.mark.parametrize("platform", ["mi355x", "mi300x", "b300", "h200", "a100"])
-def test_live_hook_agrees_with_offline_decision(platform):
+def test_live_hook_agrees_with_offline_decision(platform, matrix_size):
     argv = ["-m", "tests.reliability.live_agreement", "--platform", platform]
-    tally = json_from_stdout([*argv, "--examples", "150"])
+    examples = LIVE_AGREEMENT_EXAMPLES[matrix_size]
+    tally = json_from_stdout([*argv, "--examples", str(examples)])
     assert tally["error"] > 0 and tally["mixed"] > 0, tally
     if platform in ("mi355x", "b300", "h200"):
         assert tally["runs"] > tally["mixed"], tally

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env
+from sim.process import ADDRESS_ENV, REPO, child_env, server_address
 
 SCRIPTS = REPO / "scripts"
 STANDIN = Path(__file__).parent / "standin"
+FORKED_CHECK = Path(__file__).parent / "forked" / "vllm-minimax-m3-kv"
 
 
 def free_port() -> int:
@@ -46,12 +47,29 @@ def inputs(tmp_path: Path, **overrides: str) -> dict[str, str]:
     return values
 
 
-def run_script(name: str, env: dict[str, str], *args: str, timeout: float = 240):
+def run_script(
+    name: str,
+    env: dict[str, str],
+    *args: str,
+    timeout: float = 240,
+    console_script: bool = False,
+):
+    """The script with the stand-in `vllm` first on PATH. Its preflight is the
+    real check: run in a child of this session's fork server, or, with
+    ``console_script``, as the installed console script."""
     base = child_env()
     path = f"{STANDIN}:{Path(sys.executable).parent}:{base.get('PATH', '')}"
+    forked = (
+        {}
+        if console_script
+        else {
+            "CHECK_BIN": str(FORKED_CHECK),
+            ADDRESS_ENV: server_address(),
+        }
+    )
     return subprocess.run(
         ["bash", str(SCRIPTS / name), *args],
-        env={**base, **env, "PATH": path},
+        env={**base, **forked, **env, "PATH": path},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -90,7 +108,13 @@ def assert_no_server_left(tmp_path: Path) -> None:
     ],
 )
 def test_dry_run_prints_commands_and_passes_check(tmp_path, script, target, rocm_env):
-    proc = run_script(script, inputs(tmp_path, ROCR_VISIBLE_DEVICES="0,1"), "--dry-run")
+    # The B300 run uses the installed console script, as an operator runs it.
+    proc = run_script(
+        script,
+        inputs(tmp_path, ROCR_VISIBLE_DEVICES="0,1"),
+        "--dry-run",
+        console_script=target == "b300",
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     serve = serve_line(out)

@@ -42,12 +42,12 @@ def _witness_slices(platform: str) -> list[dict[str, str]]:
     ]
 
 
-def equivalence_cells(platform: str) -> list[Cell]:
+def equivalence_cells(platform: str, size: str = "full") -> list[Cell]:
     """The declared subset: fp8 cells and every rule's witnesses."""
     witnesses = _witness_slices(platform)
     return [
         cell
-        for cell in matrix.cells(platform)
+        for cell in matrix.cells(platform, size)
         if cell.foreign_stage is None  # see EXCLUDED_CELLS
         and (is_fp8_cell(cell) or any(matrix.matches(cell, w) for w in witnesses))
     ]
@@ -125,9 +125,11 @@ class Comparison:
     """(cell, plugin's class, patched class, patched message) otherwise."""
 
 
-def compare(platform: str, plugin_records: list[dict], run: dict) -> Comparison:
+def compare(
+    platform: str, plugin_records: list[dict], run: dict, size: str = "full"
+) -> Comparison:
     plugin = {record["id"]: record["class"] for record in plugin_records}
-    cells = {cell.id: cell for cell in equivalence_cells(platform)}
+    cells = {cell.id: cell for cell in equivalence_cells(platform, size)}
     if len(run["records"]) != len(cells):
         raise AssertionError(f"{platform}: ran {len(run['records'])} of {len(cells)}")
     comparison = Comparison(collections.Counter(), [])
@@ -146,14 +148,14 @@ def compare(platform: str, plugin_records: list[dict], run: dict) -> Comparison:
     return comparison
 
 
-def run(platform: str) -> dict:
+def run(platform: str, size: str = "full") -> dict:
     import vllm
 
     import vllm_minimax_m3_kv
 
     matrix.use_platform(platform)
     records = []
-    for cell in equivalence_cells(platform):
+    for cell in equivalence_cells(platform, size):
         result = matrix.run_cell(cell)
         record = {"id": cell.id, "class": matrix.outcome_class(cell, result)}
         if "config_error" in result:
@@ -170,10 +172,18 @@ def run(platform: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--platform", choices=sorted(matrix.PLATFORMS), required=True)
+    parser.add_argument(
+        "--platform",
+        choices=sorted(matrix.PLATFORMS),
+        action="append",
+        required=True,
+        help="repeatable: platforms of one simulated GPU share a process",
+    )
+    parser.add_argument("--size", choices=matrix.SIZES, default="full")
     parser.add_argument("--out", required=True)
     options = parser.parse_args()
-    Path(options.out).write_text(json.dumps(run(options.platform)))
+    runs = {platform: run(platform, options.size) for platform in options.platform}
+    Path(options.out).write_text(json.dumps(runs))
 
 
 if __name__ == "__main__":

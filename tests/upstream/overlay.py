@@ -104,7 +104,7 @@ def build(workdir: Path, patch: Path = PATCH) -> Overlay:
 
 def child_env(overlay: Overlay) -> dict[str, str]:
     """Environment for a child that runs the patched vLLM without the plugin."""
-    from tests.sim.process import REPO as SIM_REPO
+    from sim.process import REPO as SIM_REPO
 
     return {
         "PYTHONPATH": f"{overlay.root}:{SIM_REPO}",

@@ -15,9 +15,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.reliability.matrix import PLATFORMS
+from sim.process import json_from_out_file
+from tests.reliability.matrix import PLATFORMS, SIZES, hardware_groups
 from tests.reliability.report import run_matrix
-from tests.sim.process import json_from_out_file
 from tests.upstream import equivalence, overlay
 
 
@@ -25,20 +25,27 @@ def run_patched(
     patched: overlay.Overlay,
     platforms: tuple[str, ...] = tuple(PLATFORMS),
     with_plugin: bool = False,
+    size: str = "full",
     workers: int = 2,
 ) -> dict[str, dict]:
     """Per platform, the equivalence cells on the patched vLLM: without the
-    plugin, or with every installed plugin (the patch and the plugin both)."""
+    plugin, or with every installed plugin (the patch and the plugin both).
+    One process per simulated GPU."""
     env = overlay.child_env(patched)
     if with_plugin:
         del env["VLLM_PLUGINS"]
 
-    def run(platform: str) -> dict:
-        argv = ["-m", "tests.upstream.equivalence", "--platform", platform]
-        return json_from_out_file(argv, env, timeout=1800)
+    def run(group: list[str]) -> dict[str, dict]:
+        argv = ["-m", "tests.upstream.equivalence", "--size", size]
+        for platform in group:
+            argv += ["--platform", platform]
+        return json_from_out_file(argv, env, timeout=3600)
 
+    runs: dict[str, dict] = {}
     with ThreadPoolExecutor(workers) as pool:
-        return dict(zip(platforms, pool.map(run, platforms), strict=True))
+        for result in pool.map(run, hardware_groups(platforms)):
+            runs.update(result)
+    return {platform: runs[platform] for platform in platforms}
 
 
 def render(comparisons: dict[str, equivalence.Comparison]) -> str:
@@ -69,14 +76,17 @@ def render(comparisons: dict[str, equivalence.Comparison]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=SIZES, default="full")
     parser.add_argument("--workers", type=int, default=2)
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         patched = overlay.build(Path(workdir))
-        runs = run_patched(patched, workers=options.workers)
-    plugin = run_matrix(options.workers)
+        runs = run_patched(patched, size=options.size, workers=options.workers)
+    plugin = run_matrix(options.size, options.workers)
     comparisons = {
-        platform: equivalence.compare(platform, plugin[platform]["plugin"], run)
+        platform: equivalence.compare(
+            platform, plugin[platform]["plugin"], run, options.size
+        )
         for platform, run in runs.items()
     }
     print(render(comparisons))

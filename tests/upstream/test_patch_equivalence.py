@@ -9,14 +9,12 @@ from __future__ import annotations
 import collections
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from sim.process import json_from_out_file, run_python
 from tests.reliability.matrix import RULE_WITNESSES, matches
-from tests.sim.process import child_env, json_from_out_file
 from tests.upstream import equivalence, overlay
 from tests.upstream.report import run_patched
 
@@ -43,13 +41,11 @@ def test_patch_applies_to_the_installed_vllm_and_changes_only_copies(patched):
 
 
 def _pytest_in_child(tests: Path, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
-        cwd=cwd,
-        env=child_env(env),
-        capture_output=True,
-        text=True,
+    proc = run_python(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+        env,
         timeout=600,
+        cwd=cwd,
     )
     return proc.returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -73,12 +69,14 @@ WITH_PLUGIN_PLATFORMS = ("mi355x-aiter-spa", "sm100")
 
 
 @pytest.fixture(scope="module")
-def upstream_runs(patched) -> dict[str, dict[str, dict]]:
+def upstream_runs(patched, matrix_size) -> dict[str, dict[str, dict]]:
     """The equivalence cells on the patched vLLM, per platform: ``alone``
     (plugin excluded) and ``with_plugin`` (both installed)."""
     return {
-        "alone": run_patched(patched),
-        "with_plugin": run_patched(patched, WITH_PLUGIN_PLATFORMS, with_plugin=True),
+        "alone": run_patched(patched, size=matrix_size),
+        "with_plugin": run_patched(
+            patched, WITH_PLUGIN_PLATFORMS, with_plugin=True, size=matrix_size
+        ),
     }
 
 
@@ -117,7 +115,7 @@ def test_check_on_a_patched_vllm_still_judges_the_target_gpu(patched, tmp_path):
     cases_file.write_text(json.dumps(cases))
     env = overlay.child_env(patched)
     del env["VLLM_PLUGINS"]
-    argv = ["-m", "tests.sim.check_batch", str(cases_file)]
+    argv = ["-m", "sim.check_batch", str(cases_file)]
     inherits, refused, bad_tp = json_from_out_file(argv, env)
     assert inherits["exit"] == 0, inherits["stderr"]
     assert inherits["plan"]["indexer_inherited"], inherits["plan"]
@@ -134,23 +132,27 @@ def test_equivalence_cells_cover_every_rule():
 
 
 def _compare(
-    reliability_matrix: dict, runs: dict[str, dict]
+    reliability_matrix: dict, runs: dict[str, dict], size: str
 ) -> tuple[collections.Counter[str], list]:
     tally: collections.Counter[str] = collections.Counter()
     unexplained = []
     for platform, run in runs.items():
         plugin = reliability_matrix[platform]["plugin"]
-        comparison = equivalence.compare(platform, plugin, run)
+        comparison = equivalence.compare(platform, plugin, run, size)
         tally.update(comparison.tally)
         unexplained += comparison.unexplained
     return tally, unexplained
 
 
-def test_upstream_patch_reaches_the_plugins_outcome(reliability_matrix, upstream_runs):
-    tally, unexplained = _compare(reliability_matrix, upstream_runs["alone"])
+def test_upstream_patch_reaches_the_plugins_outcome(
+    reliability_matrix, upstream_runs, matrix_size
+):
+    tally, unexplained = _compare(
+        reliability_matrix, upstream_runs["alone"], matrix_size
+    )
     assert not unexplained, json.dumps(unexplained[:10], indent=1)
     # Both sides start uniform pools and refuse mixed ones, many times over.
-    assert tally["same uniform"] > 1000 and tally["same config_error"] > 10000, tally
+    assert tally["same uniform"] > 50 and tally["same config_error"] > 1000, tally
     # Every declared difference is one the cells actually show.
     for difference in equivalence.DECLARED_DIFFERENCES:
         assert tally[difference.name] > 0, (difference.name, tally)
@@ -158,11 +160,13 @@ def test_upstream_patch_reaches_the_plugins_outcome(reliability_matrix, upstream
 
 
 def test_plugin_on_a_patched_vllm_keeps_the_patched_outcome(
-    reliability_matrix, upstream_runs
+    reliability_matrix, upstream_runs, matrix_size
 ):
     """Both installed: the patch decides first, and the plugin agrees with it
     (its opt-in cannot reopen what the patch refuses)."""
-    tally, unexplained = _compare(reliability_matrix, upstream_runs["with_plugin"])
+    tally, unexplained = _compare(
+        reliability_matrix, upstream_runs["with_plugin"], matrix_size
+    )
     assert not unexplained, json.dumps(unexplained[:10], indent=1)
     assert tally["same uniform"] > 100, tally
     alone = upstream_runs["alone"]

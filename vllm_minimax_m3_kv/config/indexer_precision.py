@@ -876,10 +876,10 @@ def _ignored_skips(facts: PrecisionFacts) -> tuple[str, ...]:
     ignored = facts.layers.skip_ignored
     if not ignored or not facts.main_is_quantized:
         return ()
+    stays = "its main cache stays" if len(ignored) == 1 else "their main caches stay"
     return (
         f"MiniMax-M3 sparse attention ignores {SKIP_LAYERS_FLAG} for "
-        f"{facts.layers.describe(ignored)}: their main cache stays "
-        f"{facts.main_cache_precision}.",
+        f"{facts.layers.describe(ignored)}: {stays} {facts.main_cache_precision}.",
     )
 
 

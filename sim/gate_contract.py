@@ -1,6 +1,6 @@
 """Ask vLLM's own fp8-indexer gates and the plugin's policy the same questions.
 
-``python -m tests.sim.gate_contract PLATFORM`` prints one JSON list of
+``python -m sim.gate_contract PLATFORM`` prints one JSON list of
 ``[case, vllm_says_fp8_runs, policy_says_fp8_runs]`` rows.
 """
 
@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from tests.sim.hardware import refresh_rocm_env, simulate
+from sim.hardware import refresh_rocm_env, simulate
 
 SHAPES = [
     {},

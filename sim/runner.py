@@ -1,6 +1,6 @@
 """Run MiniMax-M3 scenarios through real vLLM 0.33 on a simulated platform.
 
-``python -m tests.sim.runner --platform mi355x --scenarios in.json --out out.json``
+``python -m sim.runner --platform mi355x --scenarios in.json --out out.json``
 
 Each scenario goes through ``EngineArgs(...).create_engine_config()`` (vLLM
 loads this plugin from its entry point there, as ``vllm serve`` does), then
@@ -21,8 +21,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tests.sim import engine as sim
-from tests.sim.hardware import simulate
+from sim import engine as sim
+from sim.hardware import simulate
 
 
 class _PluginWarnings(logging.Handler):

@@ -1,6 +1,6 @@
 """Run ``vllm-minimax-m3-kv check`` for many argv lists in one process.
 
-``python -m tests.sim.check_batch cases.json --out out.json``; each case is
+``python -m sim.check_batch cases.json --out out.json``; each case is
 ``{"argv": [...], "env": {...}}``, each result ``{"exit": int, "plan": {...}}``.
 """
 

@@ -1,0 +1,126 @@
+"""A fork server for :func:`sim.process.run_python`.
+
+``python -m sim.fork_server SOCKET`` imports :data:`sim.process.PRELOAD`,
+prints ``ready`` and serves one request per connection: a JSON object with
+``argv``, ``env``, ``cwd``, ``stdout`` and ``stderr`` (file paths). For each it
+forks a supervisor, which forks the runner (``python ARGV`` as a fresh
+interpreter would run it, with that environment), sends the runner's pid, waits
+for it and sends its exit code. Every process is reaped with ``waitpid``, so
+the CPU the children use is counted where the caller measures it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import traceback
+
+
+def _become_fresh_interpreter(request: dict) -> int:
+    """In the runner: ``python ARGV`` with the request's environment."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    for fd, key in ((1, "stdout"), (2, "stderr")):
+        os.dup2(os.open(request[key], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    env = request["env"]
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(env)
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry:
+            sys.path.insert(0, entry)
+    importlib.invalidate_caches()
+    argv = request["argv"]
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            sys.argv = list(argv)
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as done:
+        if done.code is None or isinstance(done.code, int):
+            code = done.code or 0
+        else:
+            print(done.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+def _supervise(connection: socket.socket) -> None:
+    """In the supervisor: read the request, run it, report pid and exit code."""
+    with connection.makefile("rwb", buffering=0) as stream:
+        request = json.loads(stream.readline())
+        pid = os.fork()
+        if pid == 0:
+            connection.close()
+            os._exit(_become_fresh_interpreter(request))
+        stream.write(f"{pid}\n".encode())
+        _, status = os.waitpid(pid, 0)
+        stream.write(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+def _reap() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] != 0:
+            pass
+
+
+def serve(path: str) -> None:
+    from sim.process import PRELOAD
+
+    for module in PRELOAD:
+        importlib.import_module(module)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    listener.settimeout(1.0)
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    print("ready", flush=True)
+    while not stopping:
+        _reap()
+        try:
+            connection, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except InterruptedError:
+            continue
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            connection.settimeout(None)
+            _supervise(connection)
+            os._exit(0)
+        connection.close()
+    listener.close()
+    # Wait for every supervisor, so their children's CPU time is accounted.
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-1, 0)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

@@ -1,0 +1,200 @@
+"""Child processes for simulated platforms: vLLM fixes its platform once per process.
+
+Every child is forked from a server that has already imported the heavy
+libraries vLLM sits on (torch, dynamo, inductor, triton, ...) but never vLLM,
+Hugging Face or this plugin: each child still imports vLLM, simulates its
+platform and loads its plugins from scratch, with the environment it was
+given, and skips about 8 s of CPU. Shared by the tests, the reliability report
+and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+# Set per child by whoever needs them, never inherited from the caller's shell.
+_OWN_VARIABLES = ("VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
+
+PRELOAD = (
+    "numpy",
+    "torch",
+    "torch._dynamo",
+    "torch._inductor.lowering",
+    "triton",
+    "pydantic",
+    "fastapi",
+    "transformers",
+)
+"""Imported once by the fork server; never vLLM (whose modules bind the
+platform at import) nor this plugin."""
+FROZEN_AT_PRELOAD = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_")
+"""Variables the preloaded Hugging Face modules read at import. A child whose
+values differ from the server's runs in a fresh interpreter instead. (torch
+and Triton read theirs, e.g. TRITON_INTERPRET, when used, after the fork.)"""
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without the variables a child must be given explicitly."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("VLLM_ROCM_") and key not in _OWN_VARIABLES
+    }
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), env.get("PYTHONPATH")])
+    )
+    # Children never download; a test that needs otherwise says so.
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return {**env, **(extra or {})}
+
+
+def _frozen(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(FROZEN_AT_PRELOAD)}
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class _ForkServer:
+    """``sim.fork_server``, started on first use, stopped at exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[str] | None = None
+        self._path = ""
+        self.env: dict[str, str] = {}
+
+    def address(self) -> str:
+        with self._lock:
+            if ADDRESS_ENV in os.environ:  # a server another process started
+                self.env = self.env or child_env()
+                return os.environ[ADDRESS_ENV]
+            if self._process is None or self._process.poll() is not None:
+                self._start()
+            return self._path
+
+    def _start(self) -> None:
+        self._path = str(Path(tempfile.mkdtemp(prefix="sim-fork-"), "socket"))
+        self.env = child_env()
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "sim.fork_server", self._path],
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._process.stdout is not None
+        if self._process.stdout.readline().strip() != "ready":
+            raise RuntimeError("the fork server did not start")
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(timeout=60)
+
+
+_server = _ForkServer()
+ADDRESS_ENV = "SIM_FORK_SERVER"
+"""Set for processes a test starts (e.g. a launch script) that run Python
+children through this process's server (``python -m sim.forked``)."""
+
+
+def server_address() -> str:
+    return _server.address()
+
+
+def run_python(
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 900,
+    cwd: Path = REPO,
+    exact_env: bool = False,
+) -> Completed:
+    """``python ARGV`` (``-m MODULE ...``, ``-c CODE ...`` or ``SCRIPT ...``)
+    with :func:`child_env` plus ``env`` (or exactly ``env``), forked from the
+    preloaded server."""
+    full_env = dict(env or {}) if exact_env else child_env(env)
+    address = _server.address()
+    if _frozen(full_env) != _frozen(_server.env):
+        return _run_fresh(argv, full_env, timeout, cwd)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        request = {
+            "argv": list(argv),
+            "env": full_env,
+            "cwd": str(cwd),
+            "stdout": str(out),
+            "stderr": str(err),
+        }
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(address)
+            connection.settimeout(timeout)
+            stream = connection.makefile("rwb", buffering=0)
+            stream.write(json.dumps(request).encode() + b"\n")
+            pid = int(stream.readline())
+            try:
+                returncode = int(stream.readline())
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(argv, timeout) from None
+        return Completed(
+            returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
+
+
+def _run_fresh(
+    argv: list[str], env: dict[str, str], timeout: float, cwd: Path
+) -> Completed:
+    proc = subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _run(argv: list[str], env: dict[str, str] | None, timeout: float) -> str:
+    proc = run_python(argv, env, timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv[:4])} failed (exit {proc.returncode}):\n"
+            + proc.stderr[-4000:]
+        )
+    return proc.stdout
+
+
+def json_from_stdout(
+    argv: list[str], env: dict[str, str] | None = None, timeout: float = 900
+) -> Any:
+    """Run ``python ARGV``; its last line of output is JSON."""
+    return json.loads(_run(argv, env, timeout).strip().splitlines()[-1])
+
+
+def json_from_out_file(
+    argv: list[str], env: dict[str, str] | None = None, timeout: float = 1200
+) -> Any:
+    """Run ``python ARGV --out FILE`` and read the JSON it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "out.json")
+        _run([*argv, "--out", str(out)], env, timeout)
+        return json.loads(out.read_text())
