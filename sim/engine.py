@@ -261,12 +261,13 @@ def pp_stages(vllm_config: Any, built: BuiltModel, stages: int) -> list[dict]:
     return split
 
 
-def plan(
+def kv_cache_configs(
     vllm_config: Any,
     stage_specs: list[dict[str, Any]],
     kv_memory_bytes: int = KV_MEMORY_BYTES,
-) -> dict[str, Any]:
-    """vLLM's planner over per-stage specs, as the engine core runs it."""
+) -> list[Any]:
+    """vLLM's planner over per-stage specs, as the engine core runs it: the KV
+    layout resolved first, then one ``KVCacheConfig`` per worker."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.utils import (
         get_current_attn_backends,
@@ -279,10 +280,6 @@ def plan(
         get_global_kv_cache_groups,
         get_kv_cache_configs,
     )
-    from vllm.v1.core.kv_cache_utils import (
-        generate_scheduler_kv_cache_config,
-        get_kv_cache_capacity,
-    )
 
     with set_current_vllm_config(vllm_config):
         layouts = [
@@ -294,9 +291,25 @@ def plan(
         all_specs = [spec for specs in stage_specs for spec in specs.values()]
         resolve_kv_cache_layout(vllm_config, [layouts] * len(stage_specs), all_specs)
         groups = get_global_kv_cache_groups(vllm_config, stage_specs)
-        configs = get_kv_cache_configs(
+        return get_kv_cache_configs(
             vllm_config, stage_specs, [kv_memory_bytes] * len(stage_specs), groups
         )
+
+
+def plan(
+    vllm_config: Any,
+    stage_specs: list[dict[str, Any]],
+    kv_memory_bytes: int = KV_MEMORY_BYTES,
+) -> dict[str, Any]:
+    """vLLM's planner over per-stage specs, summarised: who zeroes, capacity."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        get_kv_cache_capacity,
+    )
+
+    configs = kv_cache_configs(vllm_config, stage_specs, kv_memory_bytes)
+    with set_current_vllm_config(vllm_config):
         scheduler = generate_scheduler_kv_cache_config(configs)
         tokens, _ = get_kv_cache_capacity(vllm_config, scheduler)
     return {
