@@ -34,14 +34,21 @@ AITER_SPARSE_PA_MIN_CONC=64
 GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-$DEFAULT_GPU_MEMORY_UTILIZATION}"
 MAX_NUM_BATCHED_TOKENS="${MAX_NUM_BATCHED_TOKENS:-$DEFAULT_MAX_NUM_BATCHED_TOKENS}"
 SERVER_PID=""
+# The lines the plugin logs once the engine's KV pool is planned.
+ACTIVE_LINE="vllm-minimax-m3-kv active:"
+ONE_PRECISION_LINE='MiniMax-M3 KV pool: one precision \(.*\) on all [0-9]+ workers; no KV block zeroer is built\.'
+MIXED_LINE='MiniMax-M3 KV pool: mixed precision \(.*\); every one of [0-9]+ workers and the scheduler zero newly allocated blocks\.'
+# How long the pool line may trail /health (engine-core logs are buffered).
+POOL_LINE_TIMEOUT_S="${POOL_LINE_TIMEOUT_S:-60}"
 
 usage() {
     cat <<EOF
 usage: $0 [--dry-run | --help]
 
 MiniMax-M3 on ${TARGET}: preflight (vllm-minimax-m3-kv check), vllm serve,
-wait for /health, vllm bench serve, stop the server. --dry-run prints the
-commands and runs only the preflight.
+wait for /health, confirm the KV pool (the plugin's log lines, then one short
+greedy completion whose logprobs must all be finite), vllm bench serve, stop
+the server. --dry-run prints the commands and runs only the preflight.
 
 required environment:
   MODEL               model id or local path to serve
@@ -65,6 +72,7 @@ optional environment (default):
   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (${DEFAULT_GPU_MEMORY_UTILIZATION})
   MAX_NUM_BATCHED_TOKENS  --max-num-batched-tokens (${DEFAULT_MAX_NUM_BATCHED_TOKENS})
   HEALTH_TIMEOUT_S        seconds to wait for /health (${DEFAULT_HEALTH_TIMEOUT_S})
+  POOL_LINE_TIMEOUT_S     seconds the KV pool line may trail /health (60)
   VLLM_ENGINE_READY_TIMEOUT_S  vLLM's engine start timeout (3600)
   VLLM_BIN                vllm command (${DEFAULT_VLLM_BIN})
   CHECK_BIN               preflight command (${DEFAULT_CHECK_BIN})
@@ -100,17 +108,20 @@ precision_choice() {
         PRECISION_FLAGS=(--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype fp8)
         PRECISION_ENV=("${TARGET_FP8_ENV[@]}")
         PRECISION_NOTE="uniform fp8: fp8 KV cache and fp8 indexer, no zeroer"
+        EXPECTED_POOL_LINE="$ONE_PRECISION_LINE"
         ;;
     bf16)
         PRECISION_FLAGS=(--kv-cache-dtype auto)
         PRECISION_ENV=("${TARGET_BF16_INDEXER_ENV[@]}")
         PRECISION_NOTE="uniform bf16: both caches bf16, no zeroer"
+        EXPECTED_POOL_LINE="$ONE_PRECISION_LINE"
         ;;
     mixed)
         PRECISION_FLAGS=(--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype bf16)
         PRECISION_ENV=(VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1
             "${TARGET_BF16_INDEXER_ENV[@]}")
         PRECISION_NOTE="mixed: fp8 KV cache, bf16 indexer; every worker zeroes new blocks"
+        EXPECTED_POOL_LINE="$MIXED_LINE"
         ;;
     *)
         echo "error: KV_PRECISION=${KV_PRECISION} is not one of: fp8 bf16 mixed" >&2
@@ -206,6 +217,12 @@ stop_server() {
         kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
     fi
     SERVER_PID=""
+# The lines the plugin logs once the engine's KV pool is planned.
+ACTIVE_LINE="vllm-minimax-m3-kv active:"
+ONE_PRECISION_LINE='MiniMax-M3 KV pool: one precision \(.*\) on all [0-9]+ workers; no KV block zeroer is built\.'
+MIXED_LINE='MiniMax-M3 KV pool: mixed precision \(.*\); every one of [0-9]+ workers and the scheduler zero newly allocated blocks\.'
+# How long the pool line may trail /health (engine-core logs are buffered).
+POOL_LINE_TIMEOUT_S="${POOL_LINE_TIMEOUT_S:-60}"
 }
 
 fail_with_log() {
@@ -222,6 +239,39 @@ wait_for_health() {
             fail_with_log "no /health within ${HEALTH_TIMEOUT_S}s"
         sleep 2
     done
+}
+
+confirm_pool() {
+    # The plugin's own account of the pool this server built, from its log.
+    grep -qF "$ACTIVE_LINE" "$SERVER_LOG" ||
+        fail_with_log "no '${ACTIVE_LINE}' line in the server log: the plugin is not loaded (is it installed in this environment, and not left out by VLLM_PLUGINS?)"
+    local deadline=$((SECONDS + POOL_LINE_TIMEOUT_S))
+    until grep -qE "$EXPECTED_POOL_LINE" "$SERVER_LOG"; do
+        ((SECONDS < deadline)) ||
+            fail_with_log "the server log has no KV pool line matching '${EXPECTED_POOL_LINE}' for KV_PRECISION=${KV_PRECISION}"
+        sleep 1
+    done
+    echo "  $(grep -oE "$EXPECTED_POOL_LINE" "$SERVER_LOG" | head -n 1)"
+}
+
+confirm_finite_logprobs() {
+    # One short greedy completion: every token's logprob must be a number.
+    local body response
+    body=$(printf '{"model": "%s", "prompt": "%s", "max_tokens": 8, "temperature": 0, "logprobs": 1}' \
+        "${MODEL_PATH:-$MODEL}" "The capital of France is")
+    response=$(curl -sf "http://127.0.0.1:${PORT}/v1/completions" \
+        -H 'Content-Type: application/json' -d "$body") ||
+        fail_with_log "the confirmation completion request failed"
+    local verdict
+    verdict=$(python3 -c '
+import json, math, sys
+logprobs = json.loads(sys.stdin.read())["choices"][0]["logprobs"]["token_logprobs"]
+bad = [x for x in logprobs if x is None or not math.isfinite(x)]
+print("ok" if logprobs and not bad else f"{len(bad)} of {len(logprobs)} logprobs not finite: {bad[:4]}")
+' <<<"$response") || verdict="unreadable completion response"
+    [[ "$verdict" == ok ]] ||
+        fail_with_log "the confirmation completion returned ${verdict}"
+    echo "  completion: 8 greedy tokens, logprobs finite"
 }
 
 minimaxm3_main() {
@@ -275,7 +325,10 @@ minimaxm3_main() {
     setsid "${SERVE_CMD[@]}" >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     wait_for_health
-    echo "== server healthy; benchmarking"
+    echo "== server healthy; confirming the KV pool"
+    confirm_pool
+    confirm_finite_logprobs
+    echo "== benchmarking"
     "${BENCH_CMD[@]}"
     if run_eval; then
         lm_eval --model local-completions --tasks gsm8k \

@@ -157,12 +157,52 @@ def test_missing_inputs_are_listed_together_and_nothing_starts(tmp_path):
     assert not (tmp_path / "server.pid").exists()
 
 
-def test_full_run_serves_benchmarks_and_stops(tmp_path):
-    proc = run_script(
-        "minimaxm3_fp8_mi355x.sh", inputs(tmp_path, STANDIN_MODE="healthy")
-    )
+@pytest.mark.parametrize(
+    ("precision", "pool"),
+    [
+        ("fp8", "one precision (uint8/FP8_PER_TENSOR) on all 8 workers"),
+        ("mixed", "mixed precision (bfloat16/NONE, uint8/FP8_PER_TENSOR)"),
+    ],
+)
+def test_full_run_confirms_the_pool_then_benchmarks_and_stops(
+    tmp_path, precision, pool
+):
+    env = inputs(tmp_path, STANDIN_MODE="healthy", KV_PRECISION=precision)
+    proc = run_script("minimaxm3_fp8_mi355x.sh", env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert f"MiniMax-M3 KV pool: {pool}" in out
+    assert "completion: 8 greedy tokens, logprobs finite" in out
+    assert out.index("confirming the KV pool") < out.index("== benchmarking")
     assert (tmp_path / "results" / "result.json").exists()
+    assert_no_server_left(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("mode", "precision", "says"),
+    [
+        ("no_plugin", "fp8", "no 'vllm-minimax-m3-kv active:' line in the server log"),
+        ("no_pool_line", "fp8", "the server log has no KV pool line matching"),
+        # A pool the operator did not ask for: fp8 recipe, mixed line expected.
+        ("healthy", "mixed-but-uniform", "no KV pool line matching"),
+        ("nan_logprobs", "fp8", "1 of 8 logprobs not finite: [nan]"),
+    ],
+)
+def test_an_unconfirmed_pool_stops_the_run_with_the_log_tail(
+    tmp_path, mode, precision, says
+):
+    env = inputs(tmp_path, STANDIN_MODE=mode)
+    if precision == "mixed-but-uniform":
+        # The script expects the mixed line; the stand-in, without the opt-in
+        # in its environment, logs one precision.
+        env.update(KV_PRECISION="mixed", STANDIN_DROP_OPT_IN="1")
+    env["POOL_LINE_TIMEOUT_S"] = "2"
+    proc = run_script("minimaxm3_fp8_mi355x.sh", env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and says in errors[0], proc.stderr
+    assert "stand-in server starting" in proc.stderr  # the log tail
+    assert not (tmp_path / "results" / "result.json").exists()
     assert_no_server_left(tmp_path)
 
 
