@@ -39,10 +39,11 @@ PRELOAD = (
 )
 """Imported once by the fork server; never vLLM (whose modules bind the
 platform at import) nor this plugin."""
-FROZEN_AT_PRELOAD = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_")
-"""Variables the preloaded Hugging Face modules read at import. A child whose
-values differ from the server's runs in a fresh interpreter instead. (torch
-and Triton read theirs, e.g. TRITON_INTERPRET, when used, after the fork.)"""
+FROZEN_AT_PRELOAD = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TRITON_")
+"""Variables the preloaded modules read at import (Hugging Face's offline
+switches; Triton's interpreter switch, which decides how its own library
+functions are built). Children with other values get a server of their own,
+started with them."""
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -74,11 +75,11 @@ class Completed:
 class _ForkServer:
     """``sim.fork_server``, started on first use, stopped at exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
         self._path = ""
-        self.env: dict[str, str] = {}
+        self.env: dict[str, str] = dict(env or {})
 
     def address(self) -> str:
         with self._lock:
@@ -91,7 +92,7 @@ class _ForkServer:
 
     def _start(self) -> None:
         self._path = str(Path(tempfile.mkdtemp(prefix="sim-fork-"), "socket"))
-        self.env = child_env()
+        self.env = self.env or child_env()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "sim.fork_server", self._path],
             cwd=REPO,
@@ -111,6 +112,8 @@ class _ForkServer:
 
 
 _server = _ForkServer()
+_servers_by_frozen_env: dict[tuple, _ForkServer] = {}
+_servers_lock = threading.Lock()
 ADDRESS_ENV = "SIM_FORK_SERVER"
 """Set for processes a test starts (e.g. a launch script) that run Python
 children through this process's server (``python -m sim.forked``)."""
@@ -131,9 +134,18 @@ def run_python(
     with :func:`child_env` plus ``env`` (or exactly ``env``), forked from the
     preloaded server."""
     full_env = dict(env or {}) if exact_env else child_env(env)
-    address = _server.address()
-    if _frozen(full_env) != _frozen(_server.env):
-        return _run_fresh(argv, full_env, timeout, cwd)
+    server = _server
+    address = server.address()
+    frozen = _frozen(full_env)
+    if frozen != _frozen(server.env):
+        if ADDRESS_ENV in os.environ:  # not ours to start another
+            return _run_fresh(argv, full_env, timeout, cwd)
+        with _servers_lock:
+            key = tuple(sorted(frozen.items()))
+            server = _servers_by_frozen_env.setdefault(
+                key, _ForkServer({**child_env(), **frozen})
+            )
+        address = server.address()
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         request = {

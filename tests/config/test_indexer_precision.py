@@ -284,13 +284,11 @@ def test_unchanged_exactly_when_both_caches_are_bf16(case):
         or (draft == "auto" and case.model_dtype == "bfloat16")
     )
     both_bf16 = main_bf16 and draft_bf16 and case.indexer_kv_dtype in ("auto", "bf16")
-    # Without an index cache the indexer dtype is moot; only skip layers can
-    # mix such a pool.
-    one_precision_without_index_cache = (
-        not case.layers.has_index_cache and not case.unquantized_dense_layers
-    )
+    # Without an index cache the indexer dtype is moot. Skipped layers store
+    # the model dtype, which can differ from an explicit bf16 KV cache.
+    no_skip_mixing = not case.unquantized_dense_layers
     assert (verdict.outcome is Outcome.UNCHANGED) == (
-        both_bf16 or one_precision_without_index_cache
+        (both_bf16 or not case.layers.has_index_cache) and no_skip_mixing
     )
 
 

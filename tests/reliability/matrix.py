@@ -334,15 +334,18 @@ class Cell:
 
 
 SIZES = ("quick", "full")
-"""``full``: the core's shape axes in full product, the extension's over the
-pairwise rows. ``quick`` (the default test run): the core's over the pairwise
-rows, the extension's over one row each, rotating so every row (so every
-pair of shape values) still appears. Every other part is the same size in both;
-every rule's witness slice is in both (a test checks)."""
+"""``full`` (CI): the core's shape axes in full product; the extension's and
+the pool-shape part's over their pairwise rows. ``quick`` (the default test
+run): every verdict combination of the core, and of the extension every KV
+dtype x opt-in with the indexer unset or fp8, each over one shape row,
+rotating so every row still appears; the pool-shape part on three platforms
+with its verdict axes halved. Both sizes hold every rule's witness slice and
+the launch scripts' recipe cells (tests check)."""
+QUICK_INDEXER_KV_DTYPES = (None, "fp8")
 
 
 def _rows(size: str, index: int) -> list[dict[str, Any]]:
-    """The extension's shape rows for its ``index``-th verdict combination."""
+    """The shape rows for the ``index``-th verdict combination of a part."""
     if size == "full":
         return SHAPE_ROWS
     return [SHAPE_ROWS[index % len(SHAPE_ROWS)]]
@@ -368,8 +371,8 @@ def cells(platform: str, size: str = "full") -> list[Cell]:
     else:
         table = [
             Cell(platform, kv, indexer, **row)
-            for kv, indexer in verdict_axes
-            for row in SHAPE_ROWS
+            for index, (kv, indexer) in enumerate(verdict_axes)
+            for row in _rows(size, index)
         ]
     if platform in OFF_CONTRACT_PLATFORMS:
         table += [
@@ -380,11 +383,32 @@ def cells(platform: str, size: str = "full") -> list[Cell]:
         ]
     return (
         table
+        + recipe_cells(platform, table)
         + extension_cells(platform, size)
-        + pool_shape_cells(platform)
+        + pool_shape_cells(platform, size)
         + drafter_cells(platform)
         + partial_install_cells(platform)
     )
+
+
+RECIPES = {
+    # The launch scripts' fp8 recipe with MTP, on one 8-GPU node (TP 8) and
+    # on two 4-GPU stages (TP 4 x PP 2): indexer dtype explicit (as the
+    # scripts set it) or auto.
+    "mi355x-aiter-spa": ("fp8",),
+    "sm100": ("fp8",),
+}
+
+
+def recipe_cells(platform: str, already: list[Cell]) -> list[Cell]:
+    """The recipes' own cells, in every size."""
+    cells = [
+        Cell(platform, kv, indexer, tp, pp, "mtp", False, 8192)
+        for kv in RECIPES.get(platform, ())
+        for indexer in (None, "fp8")
+        for tp, pp in ((8, 1), (4, 2))
+    ]
+    return [cell for cell in cells if cell not in already]
 
 
 POOL_SHAPE_PLATFORMS = ("mi355x-aiter-spa", "mi355x", "mi300x", "sm100", "sm80")
@@ -402,13 +426,21 @@ POOL_SHAPE_ROWS = pairwise_rows(POOL_SHAPE_AXES)
 skip layers, TP, PP and MTP values appears."""
 
 
-def pool_shape_cells(platform: str) -> list[Cell]:
+QUICK_POOL_SHAPE_PLATFORMS = ("mi355x-aiter-spa", "mi355x", "sm100")
+
+
+def pool_shape_cells(platform: str, size: str = "full") -> list[Cell]:
     """Which layers hold which caches: checkpoint variants (which layers
     sparse_attention_freq makes sparse, whatever use_sparse_attention says)
     and --kv-cache-dtype-skip-layers. Full product over platform x KV dtype x
     indexer x opt-in, each crossed with the pairwise rows above."""
     if platform not in POOL_SHAPE_PLATFORMS:
         return []
+    kvs, indexers = POOL_SHAPE_KV, POOL_SHAPE_INDEXER
+    if size == "quick":
+        if platform not in QUICK_POOL_SHAPE_PLATFORMS:
+            return []
+        kvs, indexers = ("auto", "fp8"), (None, "fp8")
     return [
         Cell(
             platform,
@@ -419,9 +451,7 @@ def pool_shape_cells(platform: str) -> list[Cell]:
             env=(ALLOW_MIXED,) if opt_in else (),
             **row,
         )
-        for kv, indexer, opt_in in itertools.product(
-            POOL_SHAPE_KV, POOL_SHAPE_INDEXER, (False, True)
-        )
+        for kv, indexer, opt_in in itertools.product(kvs, indexers, (False, True))
         for row in POOL_SHAPE_ROWS
     ]
 
@@ -501,12 +531,13 @@ def extension_cells(
     platform: str, size: str = "full", with_core_kv: bool = False
 ) -> list[Cell]:
     """Every vLLM KV dtype x indexer x opt-in, over the shape covering design."""
+    indexers = INDEXER_KV_DTYPES if size == "full" else QUICK_INDEXER_KV_DTYPES
     combinations = [
         (kv, indexer, opt_in)
         for kv, opt_in in itertools.product(vllm_kv_cache_dtypes(), (False, True))
         # The core product has these.
         if with_core_kv or opt_in or kv not in KV_CACHE_DTYPES
-        for indexer in INDEXER_KV_DTYPES
+        for indexer in indexers
     ]
     return [
         Cell(platform, kv, indexer, **row, env=(ALLOW_MIXED,) if opt_in else ())
@@ -594,8 +625,14 @@ _builds: dict[tuple, dict[str, Any]] = {}
 
 
 def _build_and_plan(cell: Cell, vllm_config: Any) -> dict[str, Any]:
+    # What the model build reads: the resolved config, not the opt-in (which
+    # only lets the config through) nor PP (the split happens after).
     key = (
-        replace(cell, pipeline_parallel_size=1),
+        replace(
+            cell,
+            pipeline_parallel_size=1,
+            env=tuple(pair for pair in cell.env if pair != ALLOW_MIXED),
+        ),
         vllm_config.cache_config.cache_dtype,
         vllm_config.attention_config.indexer_kv_dtype,
     )

@@ -7,6 +7,7 @@ one validator rule makes some cell fail, so no rule is dead weight.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -80,10 +81,12 @@ def test_bf16_and_index_cache_free_cells_behave_as_stock_vllm(matrix):
         assert not mismatches, (platform, mismatches[:5])
 
 
-def test_mi355x_recipe_cell_inherits_fp8(matrix):
-    records = {r["id"]: r for r in matrix["mi355x-aiter-spa"]["plugin"]}
-    cell = Cell("mi355x-aiter-spa", "fp8", None, 8, 2, "mtp", False, 8192)
-    assert records[cell.id]["verdict"] == {"outcome": "uniform"}
+def test_launch_script_recipes_start_uniform(matrix):
+    for platform in ("mi355x-aiter-spa", "sm100"):
+        records = {r["id"]: r for r in matrix[platform]["plugin"]}
+        for indexer, (tp, pp) in itertools.product((None, "fp8"), ((8, 1), (4, 2))):
+            cell = Cell(platform, "fp8", indexer, tp, pp, "mtp", False, 8192)
+            assert records[cell.id]["verdict"] == {"outcome": "uniform"}, cell.id
 
 
 def test_fix_parsing_round_trips_the_policy_fixes():
@@ -152,11 +155,11 @@ def test_every_rule_witness_is_in_both_sizes():
             assert any(matches(c, wanted) for c in cells(platform, size)), (rule, size)
 
 
-def test_quick_size_keeps_every_shape_row_and_every_verdict_combination():
+def test_quick_size_keeps_every_shape_row_and_every_kv_dtype_and_opt_in():
     quick, full = cells("sm100", "quick"), cells("sm100", "full")
     assert len(quick) < len(full) / 4
-    verdicts = {(c.kv_cache_dtype, c.indexer_kv_dtype, c.env) for c in full}
-    assert verdicts == {(c.kv_cache_dtype, c.indexer_kv_dtype, c.env) for c in quick}
+    verdicts = {(c.kv_cache_dtype, c.env) for c in full}
+    assert verdicts == {(c.kv_cache_dtype, c.env) for c in quick}
     shape = ("tensor_parallel_size", "pipeline_parallel_size", "speculative")
     rows = {tuple(getattr(c, a) for a in shape) for c in quick}
     assert {tuple(r[a] for a in shape) for r in SHAPE_ROWS} <= rows
