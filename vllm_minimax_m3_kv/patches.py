@@ -74,16 +74,28 @@ def _source_lacks(module: str, *needles: str) -> str | None:
 
 # -- MiniMax-M3 config hook ---------------------------------------------------
 
-# Where upstream/minimax-m3-index-cache-dtype.patch puts the decision in vLLM.
-NATIVE_DECISION_MODULE = "vllm.models.minimax_m3.common.index_cache_dtype"
+# What upstream/ adds to vLLM's MiniMax-M3 config entry: PR 1 the hook class
+# (auto follows fp8, warns on a mixed pool), PR 2 its refusal of a mixed pool.
+NATIVE_HOOK_CLASS = "MiniMaxM3SparseForCausalLMConfig"
+NATIVE_REFUSAL = "would hold two precisions in one"
+
+
+def native_hook_in_vllm() -> str | None:
+    """vLLM's own MiniMax-M3 index-cache hook (upstream PR 1 or later), if any."""
+    if _source_lacks(MODELS_CONFIG_MODULE, f"class {NATIVE_HOOK_CLASS}"):
+        return None
+    return f"{MODELS_CONFIG_MODULE}.{NATIVE_HOOK_CLASS}"
 
 
 def native_decision_in_vllm() -> str | None:
-    if _vllm_file(NATIVE_DECISION_MODULE) is None or _source_lacks(
-        MODELS_CONFIG_MODULE, "verify_and_update_index_cache_dtype"
+    """vLLM refuses a mixed MiniMax-M3 pool itself (upstream PR 2): the
+    plugin's hook has nothing left to add. After PR 1 alone it still does:
+    vLLM only warns where the plugin refuses."""
+    if native_hook_in_vllm() is None or _source_lacks(
+        MODELS_CONFIG_MODULE, NATIVE_REFUSAL
     ):
         return None
-    return f"{NATIVE_DECISION_MODULE}, run from MiniMax-M3's config entry"
+    return f"{NATIVE_HOOK_CLASS}, which refuses a mixed pool"
 
 
 def _detect_config_hook() -> str | None:
@@ -126,10 +138,10 @@ def _detect_indexer_cache() -> str | None:
 
 
 def _native_indexer_cache() -> str | None:
-    # The patched get_kv_cache_spec asks get_kv_quant_mode for the main cache's
-    # description; stock 0.33's never does.
+    # Upstream PR 1's get_kv_cache_spec asks get_kv_quant_mode for the main
+    # cache's description; stock 0.33's indexer module never calls it.
     if _vllm_file(INDEXER_MODULE) is None or _source_lacks(
-        INDEXER_MODULE, "get_kv_quant_mode(main_cache_dtype)"
+        INDEXER_MODULE, "get_kv_quant_mode("
     ):
         return None
     return "MiniMaxM3IndexerCache.get_kv_cache_spec"
@@ -242,8 +254,9 @@ PATCHES: tuple[Patch, ...] = (
         upstream=(
             "Model-side alternative to vllm-project/vllm#64472 (scheduler keeps "
             "the zeroing decision, PP stages agree); builds on #54466 and #47287. "
-            "Proposed natively in upstream/ (PR.md): MiniMax-M3's own "
-            "VerifyAndUpdateConfig entry."
+            "Proposed natively in upstream/: PR 1 (auto follows fp8, warns on "
+            "a mixed pool) and the optional PR 2 (refuses it), in MiniMax-M3's "
+            "own VerifyAndUpdateConfig entry."
         ),
         remove_when=(
             "vLLM resolves MiniMax-M3's indexer dtype from --kv-cache-dtype and "
@@ -268,7 +281,7 @@ PATCHES: tuple[Patch, ...] = (
             "float8_e4m3fn. Same bytes, same page size, same kernel input."
         ),
         upstream=(
-            "Awaits an upstream fix, proposed in upstream/ (PR.md); #64472 "
+            "Awaits an upstream fix, proposed in upstream/ (PR 1); #64472 "
             "instead keeps zeroing on for mixed pools rather than making this "
             "pool uniform."
         ),

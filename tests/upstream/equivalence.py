@@ -1,11 +1,15 @@
-"""Does the upstream patch, on its own, do what the plugin does on stock vLLM?
+"""Do the upstream patches, on their own, do what the plugin does on stock vLLM?
 
 The cells: every reliability-matrix cell with an fp8 main, indexer or drafter
 cache (``is_fp8_cell``), plus each validator rule's witness slice
 (``RULE_WITNESSES``), so every rule of the plugin is exercised. Each cell ends
 in one :func:`~tests.reliability.matrix.outcome_class` (config error, uniform
-with which indexer dtype, mixed, or how it failed). The two runs must agree
-cell by cell, except where a declared difference below says how and why.
+with which indexer dtype, mixed, or how it failed). Two series are compared
+with the plugin: PR 1 alone (``pr1``: non-breaking, so it differs by design
+wherever the plugin refuses) and PR 1 + PR 2 (``strict``: refuses as the
+plugin does). The runs must agree cell by cell, except where a declared
+difference below says how and why; wherever the plugin starts a uniform pool,
+both series must start the same one.
 
 ``python -m tests.upstream.equivalence --platform P --out F`` runs one
 platform's cells in this process, with whatever vLLM ``PYTHONPATH`` gives it:
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,52 +69,134 @@ EXCLUDED_CELLS = {
 """Matrix cell kinds the equivalence run leaves out, and why."""
 
 
+SERIES = ("pr1", "strict")
+"""``pr1``: upstream PR 1 alone. ``strict``: PR 1 and PR 2."""
+
+
 @dataclass(frozen=True)
 class DeclaredDifference:
-    """Cells where the patch deliberately ends differently from the plugin."""
+    """Cells where a patch series deliberately ends differently from the plugin."""
 
     name: str
     why: str
     applies: Callable[[Cell], bool]
     plugin: frozenset[str]
-    upstream: frozenset[str]
+    upstream: dict[str, frozenset[str]]
+    full_size_only: bool = False
+    """Its cells are in the full matrix only (the quick one has none)."""
+    """Per series, the classes it may end in instead; ``kind:*`` (``kind/*``)
+    matches any ``kind:...`` (``kind/...``) class."""
 
+
+FAILS_AT_MODEL_BUILD = frozenset(
+    {"build_error:*", "plan_error:*", "msa_kernels_missing", "simulation_limit"}
+)
+"""vLLM's own error at model build or KV planning (``simulation_limit``: a KV
+cache dtype whose kernels this CPU cannot stand in for, refused there too)."""
+AS_IN_VLLM_0_33 = FAILS_AT_MODEL_BUILD | {"zeroing_needed"}
+"""How a pool vLLM 0.33 is let build ends: mixed and needing zeroing, or the
+model-build error stock vLLM gives (e.g. an fp8 indexer where none runs)."""
 
 DECLARED_DIFFERENCES = (
+    DeclaredDifference(
+        "pr1_non_breaking",
+        "PR 1 changes nothing that starts today: where the plugin refuses a "
+        "pairing at config time, PR 1 logs a warning and lets vLLM run it as "
+        "0.33 does. Refusing those pools is PR 2's job, optional because vLLM "
+        "PR #64472 makes mixed pools zero correctly in core instead.",
+        lambda cell: True,
+        plugin=frozenset({"config_error"}),
+        upstream={"pr1": AS_IN_VLLM_0_33},
+    ),
+    DeclaredDifference(
+        "model_build_refuses_it",
+        "PR 2 refuses only a pool of two precisions. A pairing of one precision "
+        "that cannot run here (an explicit fp8 index cache where no fp8 indexer "
+        "runs, an mxfp4 one, indexer CP with fp8) passes config and stops at "
+        "model build with vLLM's own error, as in 0.33; the plugin names the "
+        "fix at config time instead.",
+        lambda cell: True,
+        plugin=frozenset({"config_error"}),
+        upstream={"strict": FAILS_AT_MODEL_BUILD},
+    ),
+    DeclaredDifference(
+        "drafter_kv_dtype",
+        "A draft model's own speculative_config.kv_cache_dtype is not "
+        "MiniMax-specific and neither PR judges it: a drafter cache of another "
+        "precision stays mixed (as in 0.33), and fp8_e5m2 beside fp8_e4m3 is "
+        "described alike (uint8, FP8_PER_TENSOR), so vLLM's planner sees one "
+        "precision where the plugin refuses two fp8 formats.",
+        lambda cell: cell.draft_kv_cache_dtype is not None,
+        plugin=frozenset({"config_error"}),
+        upstream={
+            "pr1": frozenset({"uniform/*"}),
+            "strict": frozenset({"uniform/*", "zeroing_needed"}),
+        },
+    ),
+    DeclaredDifference(
+        "indexer_cp_off_cuda",
+        "vLLM refuses minimax_m3_indexer_cp off ROCm at model build "
+        "(select_indexer_impl_cls); the plugin refuses it at config time. This "
+        "CPU builds indexer-CP cells with CP off (its indexers map GPU IPC "
+        "peer buffers), so the patched run shows the pool that build makes.",
+        lambda cell: cell.indexer_cp and cell.platform.startswith("sm"),
+        plugin=frozenset({"config_error"}),
+        upstream={"pr1": frozenset({"uniform/*"}), "strict": frozenset({"uniform/*"})},
+    ),
+    DeclaredDifference(
+        "skip_layers_without_index_cache",
+        "A MiniMax-M3 checkpoint with no sparse layer and no MTP drafter has no "
+        "index cache; a pool mixed only by --kv-cache-dtype-skip-layers is then "
+        "vLLM's general case (any model), which #64472 fixes in core. The "
+        "plugin judges every MiniMax-M3 pool; PR 2 judges pools with index "
+        "caches.",
+        lambda cell: not cell.has_index_cache,
+        plugin=frozenset({"config_error", "mixed"}),
+        upstream={"strict": frozenset({"zeroing_needed"})},
+    ),
     DeclaredDifference(
         "mixed_pool_opt_in",
         "VLLM_MINIMAX_M3_KV_ALLOW_MIXED starts a mixed pool only because the "
         "plugin's zeroing patch (mirroring vLLM PR #64472) makes every worker "
         "and the scheduler zero new blocks. Without #64472 in vLLM a mixed "
-        "pool is unsafe, so the patch refuses every mixed pairing; once "
-        "#64472 lands those refusals can become warnings.",
+        "pool is unsafe: PR 2 refuses every mixed pairing, PR 1 leaves it "
+        "mixed with the scheduler's zeroing dropped, as in 0.33.",
         lambda cell: cell.allow_mixed,
         plugin=frozenset({"mixed", "simulation_limit"}),
-        upstream=frozenset({"config_error"}),
+        upstream={"pr1": AS_IN_VLLM_0_33, "strict": frozenset({"config_error"})},
     ),
     DeclaredDifference(
         "aiter_without_msa_kernels",
         "The plugin refuses an fp8 indexer when the installed aiter lacks the "
         "MSA kernels (aiter.ops.msa_block_select / msa_attention). vLLM's ROCm "
         "images pin an aiter that has them; checking at config time would mean "
-        "importing aiter (and its GPU libraries) in the API server. The patch "
-        "leaves that to vLLM's aiter pin, so there the MSA indexer is selected "
+        "importing aiter (and its GPU libraries) in the API server. The patches "
+        "leave that to vLLM's aiter pin, so there the MSA indexer is selected "
         "and fails on its first kernel import (where the plugin, opted in to "
         "a mixed pool, keeps the bf16 indexer instead).",
         lambda cell: cell.aiter_state == "no_msa",
         plugin=frozenset({"config_error", "mixed"}),
-        upstream=frozenset({"msa_kernels_missing"}),
+        upstream={
+            "pr1": frozenset({"msa_kernels_missing"}),
+            "strict": frozenset({"msa_kernels_missing"}),
+        },
+        full_size_only=True,
     ),
 )
 
 
-def explain(cell: Cell, plugin: str, upstream: str) -> str | None:
+def _allowed(outcome: str, classes: frozenset[str]) -> bool:
+    kind = re.split(r"[:/]", outcome)[0]
+    return outcome in classes or f"{kind}:*" in classes or f"{kind}/*" in classes
+
+
+def explain(cell: Cell, plugin: str, upstream: str, series: str) -> str | None:
     """The declared difference that covers a disagreement, if any."""
     for difference in DECLARED_DIFFERENCES:
         if (
             difference.applies(cell)
             and plugin in difference.plugin
-            and upstream in difference.upstream
+            and _allowed(upstream, difference.upstream.get(series, frozenset()))
         ):
             return difference.name
     return None
@@ -117,7 +204,7 @@ def explain(cell: Cell, plugin: str, upstream: str) -> str | None:
 
 @dataclass
 class Comparison:
-    """One platform's cells, plugin on stock vLLM against the patched vLLM."""
+    """One platform's cells, plugin on stock vLLM against a patched vLLM."""
 
     tally: collections.Counter[str]
     """``same <class>`` per agreeing class, and each declared difference."""
@@ -126,7 +213,11 @@ class Comparison:
 
 
 def compare(
-    platform: str, plugin_records: list[dict], run: dict, size: str = "full"
+    platform: str,
+    plugin_records: list[dict],
+    run: dict,
+    series: str,
+    size: str = "full",
 ) -> Comparison:
     plugin = {record["id"]: record["class"] for record in plugin_records}
     cells = {cell.id: cell for cell in equivalence_cells(platform, size)}
@@ -138,7 +229,7 @@ def compare(
         if ours == theirs:
             comparison.tally[f"same {ours.split('/')[0]}"] += 1
             continue
-        declared = explain(cells[record["id"]], ours, theirs)
+        declared = explain(cells[record["id"]], ours, theirs, series)
         if declared is None:
             comparison.unexplained.append(
                 (record["id"], ours, theirs, record.get("message"))

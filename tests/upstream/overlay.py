@@ -1,13 +1,15 @@
-"""The upstream patch applied to a copy of the installed vLLM, never to vLLM itself.
+"""The upstream patches applied to a copy of the installed vLLM, never to vLLM itself.
 
-:func:`build` copies the files the patch modifies out of the installed
-``vllm`` package, runs ``git apply`` on those copies (the wheel's Python
-sources are vLLM v0.33.0's, so this is the check that the patch applies), and
-assembles an overlay: a ``vllm/`` tree of symlinks into the installed package,
-with real directories only along the paths to patched files. A child process
-with the overlay first on ``PYTHONPATH`` imports the patched vLLM; the
-installed package is only read. The patch's own ``tests/`` files land beside
-the overlay, to run with pytest from outside any source tree.
+:func:`build` copies the files a series of patches modifies out of the
+installed ``vllm`` package, runs ``git apply`` on those copies in order (the
+wheel's Python sources are vLLM v0.33.0's, so this is the check that they
+apply), and assembles an overlay: a ``vllm/`` tree of symlinks into the
+installed package, with real directories only along the paths to patched
+files. A child process with the overlay first on ``PYTHONPATH`` imports the
+patched vLLM; the installed package is only read. The patches' ``tests/``
+files land beside the overlay, to run with pytest from outside any source
+tree; their CI wiring (``.buildkite/``) is checked against vLLM's source
+release in ``precommit.py``, not here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PATCH = REPO / "upstream" / "minimax-m3-index-cache-dtype.patch"
+PATCHES = tuple(sorted((REPO / "upstream").glob("[0-9][0-9]-*.patch")))
+"""The pull requests in merge order: PR 1 stands alone, PR 2 goes on top."""
+PR1 = PATCHES[:1]
 
 
 def installed_vllm() -> Path:
@@ -31,7 +35,7 @@ def installed_vllm() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def touched_paths(patch: Path = PATCH) -> dict[str, bool]:
+def touched_paths(patch: Path) -> dict[str, bool]:
     """Repository paths the patch writes -> whether the file exists before it."""
     touched: dict[str, bool] = {}
     current = None
@@ -54,23 +58,41 @@ class Overlay:
     """The ``vllm/...`` files that differ from the installed package."""
 
 
-def _apply(patch: Path, tree: Path, vllm_root: Path) -> None:
-    for path, exists in touched_paths(patch).items():
-        if exists:
-            if not path.startswith("vllm/"):
-                raise RuntimeError(f"{path}: only vllm/ files exist in the wheel")
+IN_THE_WHEEL = ("vllm/", "tests/")
+"""What a wheel-based overlay can take; the rest (CI wiring) needs the sdist."""
+
+
+def _apply(patches: tuple[Path, ...], tree: Path, vllm_root: Path) -> None:
+    for patch in patches:
+        for path, exists in touched_paths(patch).items():
             target = tree / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(vllm_root / path.removeprefix("vllm/"), target)
-    for args in (("--check",), ()):
-        # Outside a git repository, git apply patches the files in cwd.
-        subprocess.run(
-            ["git", "apply", *args, "--whitespace=error-all", str(patch)],
-            cwd=tree,
-            check=True,
-            capture_output=True,
-            text=True,
+            if exists and path.startswith("vllm/") and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(vllm_root / path.removeprefix("vllm/"), target)
+        outside = sorted(
+            {
+                p.split("/")[0]
+                for p in touched_paths(patch)
+                if not p.startswith(IN_THE_WHEEL)
+            }
         )
+        excludes = [f"--exclude={top}/*" for top in outside]
+        for args in (("--check",), ()):
+            # Outside a git repository, git apply patches the files in cwd.
+            subprocess.run(
+                [
+                    "git",
+                    "apply",
+                    *args,
+                    *excludes,
+                    "--whitespace=error-all",
+                    str(patch),
+                ],
+                cwd=tree,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
 
 
 def _link_tree(installed: Path, patched: Path, into: Path) -> None:
@@ -90,15 +112,24 @@ def _link_tree(installed: Path, patched: Path, into: Path) -> None:
             shutil.copyfile(entry, into / name)
 
 
-def build(workdir: Path, patch: Path = PATCH) -> Overlay:
-    """Apply the patch in ``workdir`` and assemble the overlay there."""
+def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
+    """Apply ``patches`` in order in ``workdir`` and assemble the overlay there."""
     vllm_root = installed_vllm()
     tree = workdir / "patched"
     tree.mkdir(parents=True)
-    _apply(patch, tree, vllm_root)
+    _apply(patches, tree, vllm_root)
     root = workdir / "overlay"
     _link_tree(vllm_root, tree / "vllm", root / "vllm")
-    patched = tuple(p for p in touched_paths(patch) if p.startswith("vllm/"))
+    patched = tuple(
+        sorted(
+            {
+                p
+                for patch in patches
+                for p in touched_paths(patch)
+                if p.startswith("vllm/")
+            }
+        )
+    )
     return Overlay(root=root, tests=tree / "tests", patched=patched)
 
 

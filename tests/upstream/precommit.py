@@ -1,0 +1,249 @@
+"""vLLM's own pre-commit hooks, run on the upstream patches' changed files.
+
+vLLM's source release (the v0.33.0 sdist) carries ``.pre-commit-config.yaml``,
+the hook scripts in ``tools/pre_commit/`` and the Buildkite pipelines the
+test-tethering hook reads; the wheel has none of them. :func:`source_tree`
+fetches the sdist once (pip finds it on the configured index; its address is
+read from pip's own log, then the archive is checked against
+``SDIST_SHA256``), :func:`patched_tree` extracts it and applies patches with
+``git apply``, and :func:`run_hooks` runs the hooks that can run on a CPU as
+vLLM's config declares them (entry, file filters, ``pass_filenames``), with
+ruff and typos at vLLM's pinned versions. The pre-commit framework itself is
+not used: it would clone each hook repository.
+
+``python -m tests.upstream.precommit`` prints each hook's result for PR 1,
+then for PR 1 + PR 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.upstream import overlay
+
+VERSION = "0.33.0"
+SDIST = f"vllm-{VERSION}.tar.gz"
+SDIST_SHA256 = "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
+CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    / "vllm-minimax-m3-kv"
+)
+
+HOOKS = (
+    "ruff-check",
+    "ruff-format",
+    "typos",
+    "check-spdx-header",
+    "check-root-lazy-imports",
+    "check-forbidden-imports",
+    "check-torch-cuda-call",
+    "check-boolean-context-manager",
+    "check-trust-remote-code",
+    "validate-config",
+    "check-buildkite-step-keys",
+    "check-test-tethering",
+)
+"""The hooks run here: every one that applies to these files and runs on a CPU."""
+
+NOT_RUN = {
+    "mypy": "needs vLLM's full development environment (torch stubs, pinned "
+    "mypy and pydantic); it runs in vLLM's own pre-commit CI job",
+    "markdownlint-cli2, shellcheck, actionlint, clang-format, pip-compile": (
+        "no changed file of their types"
+    ),
+    "signoff-commit": "a commit-msg hook: sign the commit with git commit -s",
+}
+
+PINNED_TOOLS = {"ruff-check": "ruff", "ruff-format": "ruff", "typos": "typos"}
+"""Hooks run by a pinned tool from its own repository; the rest are local."""
+TOOL_FILE_TYPES = {"ruff-check": ["python", "pyi"], "ruff-format": ["python", "pyi"]}
+"""What the tools' own hook manifests declare (vLLM's config does not repeat it)."""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sdist_address() -> str:
+    # pip resolves the source release, then stops building its metadata (it
+    # needs build tools this environment lacks); its verbose log names the
+    # archive it found.
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-vv",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--no-build-isolation",
+                "--dest",
+                scratch,
+                f"vllm=={VERSION}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    found = re.search(rf"https?://\S+/{re.escape(SDIST)}", proc.stdout + proc.stderr)
+    if found is None:
+        raise RuntimeError(f"pip found no {SDIST} on its index:\n{proc.stderr[-2000:]}")
+    return found.group(0)
+
+
+def source_release() -> Path:
+    """vLLM's v0.33.0 source archive, fetched once into ``CACHE``."""
+    archive = CACHE / SDIST
+    if archive.is_file() and _sha256(archive) == SDIST_SHA256:
+        return archive
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_suffix(".part")
+    urllib.request.urlretrieve(_sdist_address(), partial)
+    if (digest := _sha256(partial)) != SDIST_SHA256:
+        partial.unlink()
+        raise RuntimeError(f"{SDIST}: sha256 {digest}, expected {SDIST_SHA256}")
+    partial.replace(archive)
+    return archive
+
+
+def tool(name: str, version: str) -> Path:
+    """A pinned tool's executable, installed once into ``CACHE``."""
+    target = CACHE / f"{name}-{version}"
+    executable = target / "bin" / name
+    if not executable.is_file():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--target",
+                str(target),
+                f"{name}=={version}",
+            ],
+            check=True,
+            timeout=600,
+        )
+    return executable
+
+
+def patched_tree(
+    workdir: Path, patches: tuple[Path, ...], exclude: tuple[str, ...] = ()
+) -> Path:
+    """The source release in ``workdir`` with ``patches`` applied in order
+    (less the paths matching ``exclude``)."""
+    with tarfile.open(source_release()) as archive:
+        archive.extractall(workdir, filter="data")
+    tree = workdir / f"vllm-{VERSION}"
+    for patch in patches:
+        subprocess.run(
+            ["git", "apply", "--whitespace=error-all"]
+            + [f"--exclude={pattern}" for pattern in exclude]
+            + [str(patch)],
+            cwd=tree,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    return tree
+
+
+def changed_files(patches: tuple[Path, ...]) -> list[str]:
+    return sorted({p for patch in patches for p in overlay.touched_paths(patch)})
+
+
+@dataclass
+class HookResult:
+    hook: str
+    files: list[str]
+    returncode: int
+    output: str
+
+
+def _config(tree: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((tree / ".pre-commit-config.yaml").read_text())
+
+
+def _applies(hook: dict, path: str, exclude: str) -> bool:
+    types = set(hook.get("types", [])) | set(hook.get("types_or", []))
+    if types and not (types & {"python", "pyi"} and path.endswith((".py", ".pyi"))):
+        return False
+    if "files" in hook and not re.search(hook["files"], path):
+        return False
+    return not re.search(exclude, path) and not (
+        "exclude" in hook and re.search(hook["exclude"], path)
+    )
+
+
+def run_hooks(
+    tree: Path, files: list[str], hooks: tuple[str, ...] = HOOKS
+) -> list[HookResult]:
+    """Each of ``hooks`` that applies to ``files``, as vLLM's config runs it."""
+    config = _config(tree)
+    exclude = config.get("exclude", "^$")
+    results = []
+    for repo in config["repos"]:
+        for hook in repo["hooks"]:
+            if hook["id"] not in hooks:
+                continue
+            declared = {"types_or": TOOL_FILE_TYPES.get(hook["id"], []), **hook}
+            selected = [f for f in files if _applies(declared, f, exclude)]
+            if not selected and not hook.get("always_run"):
+                continue
+            if hook["id"] in PINNED_TOOLS:
+                name = PINNED_TOOLS[hook["id"]]
+                executable = tool(name, repo["rev"].removeprefix("v"))
+                sub = {"ruff-check": ["check"], "ruff-format": ["format", "--check"]}
+                # --fix is for a developer's tree; here the tree must already
+                # be clean.
+                args = [a for a in hook.get("args", []) if a != "--fix"]
+                command = [str(executable), *sub.get(hook["id"], []), *args]
+            else:
+                entry = shlex.split(hook["entry"])
+                if entry[0] == "python":
+                    entry[0] = sys.executable
+                command = [*entry, *hook.get("args", [])]
+            if hook.get("pass_filenames", True):
+                command += selected
+            proc = subprocess.run(
+                command, cwd=tree, capture_output=True, text=True, timeout=600
+            )
+            results.append(
+                HookResult(
+                    hook["id"], selected, proc.returncode, proc.stdout + proc.stderr
+                )
+            )
+    return results
+
+
+def main() -> None:
+    for title, patches in (("PR 1", overlay.PR1), ("PR 1 + PR 2", overlay.PATCHES)):
+        with tempfile.TemporaryDirectory() as workdir:
+            tree = patched_tree(Path(workdir), patches)
+            print(f"{title}:")
+            for result in run_hooks(tree, changed_files(patches)):
+                status = "passed" if result.returncode == 0 else "FAILED"
+                print(f"  {result.hook:32} {status}  ({len(result.files)} files)")
+                if result.returncode:
+                    print(result.output[-2000:])
+    print("not run:", *(f"{k}: {v}" for k, v in NOT_RUN.items()), sep="\n  ")
+
+
+if __name__ == "__main__":
+    main()
