@@ -264,6 +264,11 @@ def test_operator_can_grep_active_and_pool_lines():
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     assert "vllm-minimax-m3-kv active: minimax_m3_config_hook" in log
+    # What the README and docs/ tell an operator to grep for, verbatim.
+    from tests.test_docs import doc_log_lines
+
+    for line in doc_log_lines():
+        assert line in log, line
     assert (
         "MiniMax-M3 KV pool: one precision (uint8/FP8_PER_TENSOR) on all 8 workers; "
         "no KV block zeroer is built." in log

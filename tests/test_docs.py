@@ -1,0 +1,280 @@
+"""The README and docs/ say only what is true: a one-page README, every
+message quoted is one the code prints, every command runs as written."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import itertools
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from sim.process import REPO, json_from_stdout
+from vllm_minimax_m3_kv.config import indexer_precision as policy
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PACKAGE = REPO / "vllm_minimax_m3_kv"
+
+QUOTED_FROM_VLLM = {
+    "Unknown vLLM environment variable detected: VLLM_MINIMAX_M3_KV_ALLOW_MIXED": (
+        "Unknown vLLM environment variable detected: "
+    ),
+}
+"""Messages the docs quote from vLLM itself -> the text vLLM's source holds."""
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _source_strings() -> list[str]:
+    """Every string literal in the package; an f-string's or a %-format's
+    placeholders become a NUL, which no quoted fragment may span."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.JoinedStr):
+                found.append(
+                    "".join(
+                        part.value if isinstance(part, ast.Constant) else "\0"
+                        for part in node.values
+                    )
+                )
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.append(re.sub(r"%[sdr]", "\0", node.value))
+    return found
+
+
+def _policy_messages() -> list[str]:
+    """What decide() prints over a grid of every platform kind, every vLLM KV
+    dtype and indexer, the opt-in, layouts, lengths, shapes and drafters."""
+    from vllm.config.cache import KV_CACHE_DTYPES
+
+    platforms = []
+    # As the live hook names the GPU, and as check names a --target.
+    for name in ("ROCm gfx950", "ROCm gfx950 (MI355X)"):
+        rocm = policy.PlatformFacts(
+            name,
+            "rocm",
+            rocm_gfx950=True,
+            aiter_enabled=True,
+            shuffle_kv_cache_layout=True,
+        )
+        off = dataclasses.replace(
+            rocm, aiter_enabled=False, shuffle_kv_cache_layout=False
+        )
+        platforms += [
+            rocm,
+            off,
+            dataclasses.replace(
+                off, unset_env=frozenset({policy.AITER_ENV, policy.SHUFFLE_KV_ENV})
+            ),
+            dataclasses.replace(rocm, aiter_installed=False, aiter_msa_kernels=False),
+            dataclasses.replace(rocm, aiter_msa_kernels=False),
+        ]
+    platforms += [
+        policy.PlatformFacts(
+            "ROCm gfx942 (MI300X)",
+            "rocm",
+            aiter_enabled=True,
+            shuffle_kv_cache_layout=True,
+        ),
+        policy.PlatformFacts("CUDA sm_103", "cuda", cuda_supports_fp8=True),
+        policy.PlatformFacts("CUDA sm_80", "cuda"),
+    ]
+    published = policy.PoolLayers(num_layers=5, sparse=frozenset({3, 4}))
+    layouts = [
+        published,
+        dataclasses.replace(published, skip_requested=frozenset({0})),
+        dataclasses.replace(published, skip_requested=frozenset({4})),
+        dataclasses.replace(
+            published, skip_requested=frozenset({0, 1}), pp_stage_starts=(0, 3)
+        ),
+        policy.PoolLayers(num_layers=5, sparse=frozenset()),
+    ]
+    messages = []
+    for platform, kv, indexer, allow_mixed, layers in itertools.product(
+        platforms,
+        KV_CACHE_DTYPES,
+        ["auto", "bf16", "fp8", "mxfp4"],
+        [False, True],
+        layouts,
+    ):
+        for extra in (
+            {},
+            {"max_model_len": 2_000_000},
+            {"shape": policy.SparseShape(topk_blocks=32)},
+            {"indexer_cp": True},
+            {"model_dtype": "float16"},
+            {"draft_kv_cache_dtype": "auto"},
+        ):
+            facts = policy.PrecisionFacts(
+                platform=platform,
+                kv_cache_dtype=kv,
+                indexer_kv_dtype=indexer,
+                max_model_len=extra.pop("max_model_len", 8192),
+                tensor_parallel_size=8,
+                allow_mixed=allow_mixed,
+                layers=layers,
+                **extra,
+            )
+            verdict = policy.decide(facts)
+            messages += [
+                verdict.message,
+                f"MiniMax-M3 {verdict.reason}.",
+                *verdict.notes,
+            ]
+    return messages
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    return [_normal(text) for text in {*_source_strings(), *_policy_messages()}]
+
+
+def _quotes(text: str) -> list[str]:
+    """Messages the docs quote: bold quotes, and message lines in text blocks."""
+    quoted = [_normal(q) for q in re.findall(r'\*\*"(.+?)"\*\*', text, re.S)]
+    for block in re.findall(r"```text\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            if line.startswith(LOG_LINES):
+                continue  # doc_log_lines(): checked against a real log
+            if line.lstrip().startswith(
+                ("MiniMax-M3", "vllm-minimax-m3-kv", "Fix with one of", "VLLM_", "--")
+            ):
+                quoted.append(_normal(line))
+    return quoted
+
+
+LOG_LINES = ("vllm-minimax-m3-kv active:", "MiniMax-M3 KV pool:")
+"""Lines the docs show as a live server logs them, values included: checked
+verbatim against a real plugin's log in ``tests/test_plugin_load.py``."""
+
+
+def doc_log_lines() -> list[str]:
+    lines = []
+    for doc in DOCS:
+        for block in re.findall(r"```text\n(.*?)```", doc.read_text(), re.S):
+            lines += [line for line in block.splitlines() if line.startswith(LOG_LINES)]
+    return lines
+
+
+def _printed(quote: str, corpus: list[str]) -> bool:
+    """Whether the quote's fragments (``...`` elides values) appear, in order,
+    in one message; a fragment cannot span a value filled in when printed."""
+    fragments = [f.strip() for f in quote.split("...") if f.strip()]
+    for text in corpus:
+        position = 0
+        for fragment in fragments:
+            position = text.find(fragment, position)
+            if position < 0:
+                break
+            position += len(fragment)
+        else:
+            return True
+    return False
+
+
+def test_readme_is_one_page():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 150
+
+
+def test_every_quoted_message_is_one_the_code_prints(corpus):
+    missing = []
+    for doc in DOCS:
+        for quote in _quotes(doc.read_text(encoding="utf-8")):
+            if quote in QUOTED_FROM_VLLM:
+                continue
+            if not _printed(quote, corpus):
+                missing.append(f"{doc.name}: {quote}")
+    assert not missing, "\n".join(missing)
+
+
+def test_quotes_from_vllm_are_in_vllm():
+    vllm = Path(importlib.util.find_spec("vllm").origin).parent
+    sources = "\n".join(p.read_text(errors="replace") for p in vllm.rglob("*.py"))
+    for held in QUOTED_FROM_VLLM.values():
+        assert held in sources, held
+
+
+def test_the_old_invented_message_would_be_caught(corpus):
+    # What an earlier README quoted and no code printed.
+    assert not _printed("every MiniMax-M3 fp8 indexer stores e4m3", corpus)
+    assert _printed(
+        "MiniMax-M3 KV pool: one precision (...) on all ... workers", corpus
+    )
+    assert doc_log_lines()  # the docs show the live lines
+
+
+# -- every command in the docs runs as written --------------------------------
+
+EXTERNAL = {
+    "git": "needs this repository's remote; run by hand and in CI (.ci/run)",
+    "python3.11": "creates the virtual environment; CI (.ci/run) does the same",
+    "pip": "installs; CI (.ci/run) installs with pip install -e '.[test]'",
+    ".": "activates the virtual environment",
+    "cd": "changes into a vLLM checkout (docs/upstream.md)",
+    "pytest": "runs vLLM's own tests in a vLLM checkout (docs/upstream.md)",
+}
+RUN_ELSEWHERE = {
+    "python -m pytest -q": ".ci/run runs it verbatim",
+}
+
+
+def _commands() -> list[tuple[str, list[str]]]:
+    commands = []
+    for doc in DOCS:
+        for block in re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split("  #", 1)[0].strip()
+                if line.startswith("#"):
+                    continue
+                for part in re.split(r"\s*&&\s*", line):
+                    if part:
+                        commands.append((doc.name, shlex.split(part)))
+    return commands
+
+
+def _without_env(words: list[str]) -> list[str]:
+    """The command after its leading ``NAME=value`` assignments."""
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        words = words[1:]
+    return words
+
+
+def test_every_command_in_the_docs_runs_as_written(tmp_path):
+    to_parse = []  # (argv for vLLM's serve parser), checked in one child
+    for doc, words in _commands():
+        words = _without_env(words)
+        line = " ".join(words)
+        program = words[0]
+        if line in RUN_ELSEWHERE or program in EXTERNAL:
+            continue
+        if program == "vllm-minimax-m3-kv" or words[:3] == [
+            "python",
+            "-m",
+            "vllm_minimax_m3_kv",
+        ]:
+            to_parse.append(["check", *words[words.index("check") + 1 :]])
+        elif program == "vllm":
+            assert words[1] == "serve", (doc, line)
+            to_parse.append(["serve", *words[2:]])
+        elif program == "python" and words[1] == "-m":
+            module = words[2]
+            assert importlib.util.find_spec(module) is not None, (doc, line)
+            to_parse.append(["module", module, *words[3:]])
+        elif program.startswith("scripts/"):
+            script = REPO / program
+            assert script.is_file() and script.stat().st_mode & 0o111, (doc, line)
+            to_parse.append(["script", program, *words[1:]])
+        else:
+            raise AssertionError(f"{doc}: no way to check {line!r}")
+    cases = tmp_path / "commands.json"
+    cases.write_text(json.dumps(to_parse))
+    problems = json_from_stdout(["-m", "tests.doc_commands", str(cases)])
+    assert problems == [], problems
