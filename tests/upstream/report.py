@@ -24,11 +24,11 @@ from tests.upstream import equivalence, overlay
 
 # Platforms per series and matrix size (one process per simulated GPU). Full:
 # PR 1 everywhere. Quick: the recipes' GPUs (MI355X with AITER sparse PA, SM100)
-# and one without an fp8 indexer of each vendor.
+# and MI355X without it (today's public recipe).
 PLATFORMS_BY_SERIES = {
     "pr1": {
         "full": tuple(PLATFORMS),
-        "quick": ("mi355x-aiter-spa", "mi355x", "mi300x", "sm100", "sm80"),
+        "quick": ("mi355x-aiter-spa", "mi355x", "sm100"),
     },
     "strict": {
         "full": ("mi355x-aiter-spa", "mi355x-aiter-no-msa", "mi300x", "sm100"),
