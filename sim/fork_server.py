@@ -12,9 +12,11 @@ the CPU the children use is counted where the caller measures it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
+import resource
 import runpy
 import signal
 import socket
@@ -73,8 +75,19 @@ def _supervise(connection: socket.socket) -> None:
             connection.close()
             os._exit(_become_fresh_interpreter(request))
         stream.write(f"{pid}\n".encode())
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
+        _log_cpu(request, usage)
         stream.write(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+def _log_cpu(request: dict, usage: resource.struct_rusage) -> None:
+    """One JSON line per child to ``$SIM_FORK_CPU_LOG``, to see where a test
+    run's CPU goes."""
+    path = os.environ.get("SIM_FORK_CPU_LOG")
+    if path:
+        line = {"argv": request["argv"][:8], "cpu_s": usage.ru_utime + usage.ru_stime}
+        with open(path, "a") as log:
+            log.write(json.dumps(line) + "\n")
 
 
 def _reap() -> None:
@@ -88,6 +101,9 @@ def serve(path: str) -> None:
 
     for module in PRELOAD:
         importlib.import_module(module)
+    # Children never collect what the server holds: their collections skip it
+    # (and leave its pages shared).
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)

@@ -1,11 +1,12 @@
 """Child processes for simulated platforms: vLLM fixes its platform once per process.
 
-Every child is forked from a server that has already imported the heavy
-libraries vLLM sits on (torch, dynamo, inductor, triton, ...) but never vLLM,
-Hugging Face or this plugin: each child still imports vLLM, simulates its
+Every child is forked from a server that has already imported the libraries
+vLLM sits on (torch, dynamo, inductor, triton, transformers, flashinfer, ...)
+but never vLLM or this plugin: each child still imports vLLM, simulates its
 platform and loads its plugins from scratch, with the environment it was
-given, and skips about 8 s of CPU. Shared by the tests, the reliability report
-and the benchmarks.
+given, and skips about 8 s of CPU (a child that builds the tiny MiniMax-M3
+costs about 2.5 s). ``SIM_FORK_CPU_LOG=FILE`` logs each child's argv and CPU
+seconds. Shared by the tests, the reliability report and the benchmarks.
 """
 
 from __future__ import annotations
@@ -32,10 +33,29 @@ PRELOAD = (
     "torch",
     "torch._dynamo",
     "torch._inductor.lowering",
+    "torch._inductor.compile_fx",
     "triton",
     "pydantic",
     "fastapi",
     "transformers",
+    # What vLLM's config, model and planner code import from elsewhere, the
+    # heaviest first by ``python -X importtime`` (about 4 s of CPU per child).
+    "cutlass",  # vllm.utils.b12x
+    "flashinfer",  # vLLM's CUDA attention and MoE paths
+    "quack.compile_utils",
+    "openai.types.responses",  # vllm.entrypoints' request types
+    "transformers.models.auto.image_processing_auto",
+    "transformers.modeling_gguf_pytorch_utils",
+    "transformers.modeling_utils",
+    "transformers.processing_utils",
+    "humming.ops",  # vllm's humming quantization schema
+    "requests",
+    "aiohttp",
+    "xgrammar",
+    "zmq",
+    "cv2",
+    "torchcodec.decoders",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
 )
 """Imported once by the fork server; never vLLM (whose modules bind the
 platform at import) nor this plugin."""
