@@ -14,7 +14,9 @@ release in ``precommit.py``, not here.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +27,12 @@ REPO = Path(__file__).resolve().parents[2]
 PATCHES = tuple(sorted((REPO / "upstream").glob("[0-9][0-9]-*.patch")))
 """The pull requests in merge order: PR 1 stands alone, PR 2 goes on top."""
 PR1 = PATCHES[:1]
+CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    / "vllm-minimax-m3-kv"
+)
+"""What the tests keep between runs: vLLM's source release, pinned tools,
+and each patched vLLM's own ``VLLM_CACHE_ROOT``."""
 
 
 def installed_vllm() -> Path:
@@ -133,12 +141,27 @@ def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
     return Overlay(root=root, tests=tree / "tests", patched=patched)
 
 
+def vllm_cache_root(overlay: Overlay) -> Path:
+    """A ``VLLM_CACHE_ROOT`` of the patched vLLM's own, by its patched files.
+
+    vLLM caches what its registry learns about a model class (in a fresh
+    interpreter, ~15 s) keyed by the class's package contents; the patches
+    change MiniMax-M3's package, so sharing stock vLLM's cache would have
+    each run evict the other's entries.
+    """
+    digest = hashlib.sha256()
+    for path in overlay.patched:
+        digest.update(path.encode() + b"\0" + (overlay.root / path).read_bytes())
+    return CACHE / "vllm-cache" / digest.hexdigest()[:16]
+
+
 def child_env(overlay: Overlay) -> dict[str, str]:
     """Environment for a child that runs the patched vLLM without the plugin."""
     from sim.process import REPO as SIM_REPO
 
     return {
         "PYTHONPATH": f"{overlay.root}:{SIM_REPO}",
+        "VLLM_CACHE_ROOT": str(vllm_cache_root(overlay)),
         # vLLM loads every general plugin unless told which: name only another.
         "VLLM_PLUGINS": "lora_filesystem_resolver",
         # Imports through the symlinks must not write into the installed package.

@@ -18,7 +18,6 @@ then for PR 1 + PR 2.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shlex
 import subprocess
@@ -34,10 +33,7 @@ from tests.upstream import overlay
 VERSION = "0.33.0"
 SDIST = f"vllm-{VERSION}.tar.gz"
 SDIST_SHA256 = "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
-CACHE = (
-    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    / "vllm-minimax-m3-kv"
-)
+CACHE = overlay.CACHE
 
 HOOKS = (
     "ruff-check",

@@ -101,6 +101,7 @@ def test_patch_unit_tests_pass_on_the_patched_vllm(series, request, tmp_path):
 def test_patch_unit_tests_fail_on_stock_vllm(pr1, tmp_path):
     """They test the patch, not vLLM: on stock 0.33 they fail."""
     stock = {**overlay.child_env(pr1), "PYTHONPATH": "", "SIM_HARDWARE": "mi300x"}
+    del stock["VLLM_CACHE_ROOT"]  # stock vLLM's own
     returncode, output = _pytest_in_child(pr1.tests, tmp_path, stock)
     failed = re.search(r"(\d+) failed", output)
     assert returncode != 0 and failed and int(failed.group(1)) >= 10, output
