@@ -1,0 +1,51 @@
+"""The test scaffolding's own promises: forked children start as fresh
+interpreters would for what decides anything (vLLM, this plugin, the stand-ins
+are imported there, not inherited), and a patched vLLM keeps its own caches.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sim.process import PRELOAD, json_from_stdout
+from tests.upstream import overlay
+
+DECIDES = ("vllm", "vllm_minimax_m3_kv", "amdsmi", "aiter", "sim.hardware")
+
+
+def test_a_forked_child_imports_vllm_and_the_plugin_itself():
+    seen = json_from_stdout(
+        [
+            "-c",
+            "import json, os, sys\n"
+            f"decides = {DECIDES!r}\n"
+            "print(json.dumps({\n"
+            "    'inherited': sorted(m for m in sys.modules\n"
+            "        if m.split('.')[0] in decides or m in decides),\n"
+            "    'preloaded': sorted(set(sys.modules) & set(json.loads(\n"
+            "        os.environ['PRELOAD']))),\n"
+            "    'variable': os.environ.get('ONLY_THIS_CHILD'),\n"
+            "}))",
+        ],
+        {"PRELOAD": json.dumps(PRELOAD), "ONLY_THIS_CHILD": "1"},
+    )
+    assert seen["inherited"] == []
+    # The point of the server: the rest is already there.
+    assert seen["preloaded"] == sorted(PRELOAD)
+    assert seen["variable"] == "1"
+
+
+def test_each_patched_vllm_keeps_its_own_vllm_cache(tmp_path):
+    """vLLM caches model-class facts keyed by the model package's files;
+    stock and patched vLLM sharing one cache would evict each other's."""
+    roots = {
+        name: overlay.child_env(overlay.build(tmp_path / name, patches))[
+            "VLLM_CACHE_ROOT"
+        ]
+        for name, patches in (("pr1", overlay.PR1), ("strict", overlay.PATCHES))
+    }
+    assert len(set(roots.values())) == 2
+    again = overlay.build(tmp_path / "pr1_again", overlay.PR1)
+    assert overlay.child_env(again)["VLLM_CACHE_ROOT"] == roots["pr1"]
+    for root in roots.values():
+        assert root.startswith(str(overlay.CACHE)), root
