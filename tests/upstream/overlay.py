@@ -14,7 +14,6 @@ release in ``precommit.py``, not here.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -32,7 +31,7 @@ CACHE = (
     / "vllm-minimax-m3-kv"
 )
 """What the tests keep between runs: vLLM's source release, pinned tools,
-and each patched vLLM's own ``VLLM_CACHE_ROOT``."""
+and the patched vLLMs' own ``VLLM_CACHE_ROOT``."""
 
 
 def installed_vllm() -> Path:
@@ -141,18 +140,16 @@ def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
     return Overlay(root=root, tests=tree / "tests", patched=patched)
 
 
-def vllm_cache_root(overlay: Overlay) -> Path:
-    """A ``VLLM_CACHE_ROOT`` of the patched vLLM's own, by its patched files.
+PATCHED_VLLM_CACHE_ROOT = CACHE / "vllm-cache-patched"
+"""``VLLM_CACHE_ROOT`` for every patched vLLM, apart from stock vLLM's.
 
-    vLLM caches what its registry learns about a model class (in a fresh
-    interpreter, ~15 s) keyed by the class's package contents; the patches
-    change MiniMax-M3's package, so sharing stock vLLM's cache would have
-    each run evict the other's entries.
-    """
-    digest = hashlib.sha256()
-    for path in overlay.patched:
-        digest.update(path.encode() + b"\0" + (overlay.root / path).read_bytes())
-    return CACHE / "vllm-cache" / digest.hexdigest()[:16]
+vLLM's registry caches what it learns about a model class (in a fresh
+interpreter, ~15 s) with a hash of the class's package and re-learns it when
+the hash differs. PR 1 changes MiniMax-M3's package, so a cache shared with
+stock vLLM would be re-filled at every switch between the two; the series
+share one (PR 2 leaves the package as PR 1 has it), which the hash keeps
+correct whatever a future patch changes.
+"""
 
 
 def child_env(overlay: Overlay) -> dict[str, str]:
@@ -161,7 +158,7 @@ def child_env(overlay: Overlay) -> dict[str, str]:
 
     return {
         "PYTHONPATH": f"{overlay.root}:{SIM_REPO}",
-        "VLLM_CACHE_ROOT": str(vllm_cache_root(overlay)),
+        "VLLM_CACHE_ROOT": str(PATCHED_VLLM_CACHE_ROOT),
         # vLLM loads every general plugin unless told which: name only another.
         "VLLM_PLUGINS": "lora_filesystem_resolver",
         # Imports through the symlinks must not write into the installed package.
