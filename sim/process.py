@@ -4,8 +4,9 @@ Every child is forked from a server that has already imported the libraries
 vLLM sits on (torch, dynamo, inductor, triton, transformers, flashinfer, ...)
 but never vLLM or this plugin: each child still imports vLLM, simulates its
 platform and loads its plugins from scratch, with the environment it was
-given, and skips about 8 s of CPU (a child that builds the tiny MiniMax-M3
-costs about 2.5 s). ``SIM_FORK_CPU_LOG=FILE`` logs each child's argv and CPU
+given, and skips the rest of the imports (a child that builds the tiny
+MiniMax-M3 costs about 2.5 CPU-s; 7.8 with only torch, Triton and
+transformers preloaded). ``SIM_FORK_CPU_LOG=FILE`` logs each child's argv and CPU
 seconds. Shared by the tests, the reliability report and the benchmarks.
 """
 
@@ -38,8 +39,8 @@ PRELOAD = (
     "pydantic",
     "fastapi",
     "transformers",
-    # What vLLM's config, model and planner code import from elsewhere, the
-    # heaviest first by ``python -X importtime`` (about 4 s of CPU per child).
+    # What vLLM's config, model and planner code import from elsewhere,
+    # picked by ``python -X importtime`` (about 4 s of CPU per child).
     "cutlass",  # vllm.utils.b12x
     "flashinfer",  # vLLM's CUDA attention and MoE paths
     "quack.compile_utils",
