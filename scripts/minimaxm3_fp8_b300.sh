@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MiniMax-M3 fp8 on B300: the public B300 recipe's flags, same interface as
-# minimaxm3_fp8_mi355x.sh so results compare side by side. Usage: $0 [--dry-run]
+# minimaxm3_fp8_mi355x.sh so results compare side by side. Usage: $0 [--dry-run | --help]
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/minimaxm3_fp8_bench.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/minimaxm3_fp8_bench.sh"
@@ -10,6 +10,7 @@ TARGET_ENV=("VLLM_ENGINE_READY_TIMEOUT_S=${VLLM_ENGINE_READY_TIMEOUT_S:-3600}")
 TARGET_FP8_ENV=()
 TARGET_BF16_INDEXER_ENV=()
 FP8_INDEXER_NEEDS_AITER_SPARSE_PA=false
+COPY_ROCR_TO_HIP=false
 TARGET_SERVE_ARGS=()
 
 minimaxm3_main "$@"

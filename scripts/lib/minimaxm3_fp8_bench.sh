@@ -2,24 +2,32 @@
 # Shared body of the MiniMax-M3 single-node recipes. A target script sets
 # TARGET, TARGET_ENV, TARGET_FP8_ENV and TARGET_BF16_INDEXER_ENV (arrays of
 # NAME=VALUE: always, for an fp8 indexer, for a bf16 indexer), TARGET_SERVE_ARGS
-# (array) and FP8_INDEXER_NEEDS_AITER_SPARSE_PA (true/false), then calls
-# minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait for /health,
-# benchmark, stop the server (on exit, error or Ctrl-C).
+# (array), FP8_INDEXER_NEEDS_AITER_SPARSE_PA and COPY_ROCR_TO_HIP (true/false),
+# then calls minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait
+# for /health, confirm the pool, benchmark, stop the server (on exit, error or
+# Ctrl-C).
 #
 # KV_PRECISION picks the KV pool per workload:
-#   fp8   (default) the B300 recipe: fp8 KV cache and fp8 indexer, one precision
-#   bf16  both caches bf16, one precision; on MI355X AITER sparse PA off
-#   mixed fp8 KV cache beside a bf16 indexer (the public MI355X recipe's shape),
-#         accepted with VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1: every worker zeroes
-#         new blocks
+#   fp8     (default) the B300 recipe: fp8 KV cache and fp8 indexer, one precision
+#   bf16    both caches bf16, one precision; on MI355X AITER sparse PA off
+#   mixed   fp8 KV cache beside a bf16 indexer (the public MI355X recipe's shape),
+#           accepted with VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1: every worker zeroes
+#           new blocks
+#   compare each pool in COMPARE_POOLS, one server at a time on the same GPUs,
+#           the same workload, then one table and the pool to run
 
 REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
+OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL
+    GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S
+    POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN)
 
 DEFAULT_KV_PRECISION=fp8
+DEFAULT_COMPARE_POOLS="mixed fp8"
 DEFAULT_GPU_MEMORY_UTILIZATION=0.9
 DEFAULT_MAX_NUM_BATCHED_TOKENS=16384
 DEFAULT_HEALTH_TIMEOUT_S=1800
+DEFAULT_POOL_LINE_TIMEOUT_S=60
 DEFAULT_VLLM_BIN=vllm
 DEFAULT_CHECK_BIN=vllm-minimax-m3-kv
 
@@ -27,6 +35,7 @@ VLLM_BIN="${VLLM_BIN:-$DEFAULT_VLLM_BIN}"
 CHECK_BIN="${CHECK_BIN:-$DEFAULT_CHECK_BIN}"
 HEALTH_TIMEOUT_S="${HEALTH_TIMEOUT_S:-$DEFAULT_HEALTH_TIMEOUT_S}"
 KV_PRECISION="${KV_PRECISION:-$DEFAULT_KV_PRECISION}"
+COMPARE_POOLS="${COMPARE_POOLS:-$DEFAULT_COMPARE_POOLS}"
 # Upstream recipes enable AITER sparse paged attention for MiniMax-M3 on
 # MI355X only from these (InferenceX PR #2187, vLLM recipes PR #654).
 AITER_SPARSE_PA_MIN_ISL=8192
@@ -39,7 +48,10 @@ ACTIVE_LINE="vllm-minimax-m3-kv active:"
 ONE_PRECISION_LINE='MiniMax-M3 KV pool: one precision \(.*\) on all [0-9]+ workers; no KV block zeroer is built\.'
 MIXED_LINE='MiniMax-M3 KV pool: mixed precision \(.*\); every one of [0-9]+ workers and the scheduler zero newly allocated blocks\.'
 # How long the pool line may trail /health (engine-core logs are buffered).
-POOL_LINE_TIMEOUT_S="${POOL_LINE_TIMEOUT_S:-60}"
+POOL_LINE_TIMEOUT_S="${POOL_LINE_TIMEOUT_S:-$DEFAULT_POOL_LINE_TIMEOUT_S}"
+COMPARE_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_compare.py"
+# Set in each per-pool run that KV_PRECISION=compare starts.
+COMPARE_CHILD="${MINIMAXM3_COMPARE_CHILD:-}"
 
 usage() {
     cat <<EOF
@@ -49,12 +61,14 @@ MiniMax-M3 on ${TARGET}: preflight (vllm-minimax-m3-kv check), vllm serve,
 wait for /health, confirm the KV pool (the plugin's log lines, then one short
 greedy completion whose logprobs must all be finite), vllm bench serve, stop
 the server. --dry-run prints the commands and runs only the preflight.
+KV_PRECISION=compare does this once per pool in COMPARE_POOLS, one server at a
+time, and ends with a table and the pool to run (docs/deploying.md).
 
 required environment:
   MODEL               model id or local path to serve
   TP                  tensor parallel size (data parallel size with DP_ATTENTION)
   EP_SIZE             expert parallel size (>1 adds --enable-expert-parallel)
-  DP_ATTENTION        true: --data-parallel-size TP --enable-expert-parallel
+  DP_ATTENTION        true|false (1|0): true runs --data-parallel-size TP --enable-expert-parallel
   PORT                server port
   MAX_MODEL_LEN       --max-model-len
   CONC                benchmark concurrency (CONC*10 prompts)
@@ -62,21 +76,58 @@ required environment:
   OSL                 benchmark output length
   RANDOM_RANGE_RATIO  benchmark length spread
   RESULT_FILENAME     benchmark result file name
-  RESULT_DIR          where results and server.log go
+  RESULT_DIR          where results and server.log go (compare: one folder per pool)
 
 optional environment (default):
-  KV_PRECISION            fp8 | bf16 | mixed (${DEFAULT_KV_PRECISION})
+  KV_PRECISION            fp8 | bf16 | mixed | compare (${DEFAULT_KV_PRECISION})
+  COMPARE_POOLS           pools KV_PRECISION=compare runs, the first is the reference (${DEFAULT_COMPARE_POOLS})
   MODEL_PATH              local checkpoint served and judged instead of MODEL (unset)
   PP                      pipeline parallel size (unset)
-  RUN_EVAL                1: lm-eval gsm8k after the benchmark (0)
+  RUN_EVAL                true|false (1|0): lm-eval gsm8k after the benchmark (false)
   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (${DEFAULT_GPU_MEMORY_UTILIZATION})
   MAX_NUM_BATCHED_TOKENS  --max-num-batched-tokens (${DEFAULT_MAX_NUM_BATCHED_TOKENS})
   HEALTH_TIMEOUT_S        seconds to wait for /health (${DEFAULT_HEALTH_TIMEOUT_S})
-  POOL_LINE_TIMEOUT_S     seconds the KV pool line may trail /health (60)
+  POOL_LINE_TIMEOUT_S     seconds the KV pool line may trail /health (${DEFAULT_POOL_LINE_TIMEOUT_S})
   VLLM_ENGINE_READY_TIMEOUT_S  vLLM's engine start timeout (3600)
   VLLM_BIN                vllm command (${DEFAULT_VLLM_BIN})
   CHECK_BIN               preflight command (${DEFAULT_CHECK_BIN})
+
+set for vllm serve on your behalf (${TARGET}):
+$(set_on_your_behalf)
 EOF
+}
+
+set_on_your_behalf() {
+    # What export_target_env sets, from the target's own arrays.
+    local pair
+    for pair in "${TARGET_ENV[@]}"; do
+        echo "  ${pair%%=*}=${pair#*=}  (always)"
+    done
+    for pair in "${TARGET_FP8_ENV[@]}"; do
+        echo "  ${pair%%=*}=${pair#*=}  (KV_PRECISION=fp8; replaces your value)"
+    done
+    for pair in "${TARGET_BF16_INDEXER_ENV[@]}"; do
+        echo "  ${pair%%=*}=${pair#*=}  (KV_PRECISION=bf16 or mixed; replaces your value)"
+    done
+    echo "  VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1  (KV_PRECISION=mixed)"
+    if [[ "$COPY_ROCR_TO_HIP" == true ]]; then
+        echo "  HIP_VISIBLE_DEVICES=\$ROCR_VISIBLE_DEVICES  (when ROCR_VISIBLE_DEVICES is set)"
+    fi
+}
+
+usage_error() {
+    echo "error: $1" >&2
+    echo "       required: ${REQUIRED_VARS[*]}" >&2
+    echo "       optional: ${OPTIONAL_VARS[*]} ($0 --help)" >&2
+    exit 64
+}
+
+is_boolean() {
+    [[ "$1" =~ ^(true|false|1|0)$ ]]
+}
+
+is_true() {
+    [[ "$1" == true || "$1" == 1 ]]
 }
 
 require_inputs() {
@@ -85,11 +136,13 @@ require_inputs() {
         [[ -n "${!name:-}" ]] || missing+=("$name")
     done
     if ((${#missing[@]})); then
-        echo "error: set these environment variables: ${missing[*]}" >&2
-        echo "       (optional: KV_PRECISION MODEL_PATH PP RUN_EVAL" \
-            "GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S)" >&2
-        exit 64
+        usage_error "set these environment variables: ${missing[*]}"
     fi
+    for name in DP_ATTENTION RUN_EVAL; do
+        if [[ -n "${!name:-}" ]] && ! is_boolean "${!name}"; then
+            usage_error "${name}=${!name} is not one of: true false 1 0"
+        fi
+    done
     if run_eval && ! command -v lm_eval >/dev/null 2>&1; then
         echo "error: RUN_EVAL=${RUN_EVAL} needs lm_eval on PATH;" \
             "install it with: pip install 'lm-eval[api]' (or unset RUN_EVAL)" >&2
@@ -98,7 +151,7 @@ require_inputs() {
 }
 
 run_eval() {
-    [[ "${RUN_EVAL:-0}" == 1 || "${RUN_EVAL:-}" == true ]]
+    is_true "${RUN_EVAL:-false}"
 }
 
 precision_choice() {
@@ -124,7 +177,7 @@ precision_choice() {
         EXPECTED_POOL_LINE="$MIXED_LINE"
         ;;
     *)
-        echo "error: KV_PRECISION=${KV_PRECISION} is not one of: fp8 bf16 mixed" >&2
+        echo "error: KV_PRECISION=${KV_PRECISION} is not one of: fp8 bf16 mixed compare" >&2
         exit 64
         ;;
     esac
@@ -139,13 +192,13 @@ workload_advice() {
             "which upstream enables only from input length ${AITER_SPARSE_PA_MIN_ISL}" \
             "and concurrency ${AITER_SPARSE_PA_MIN_CONC} (InferenceX PR #2187, vLLM" \
             "recipes PR #654); for ISL=${ISL} CONC=${CONC}, KV_PRECISION=mixed or bf16" \
-            "may serve faster."
+            "may serve faster: KV_PRECISION=compare measures it."
     fi
 }
 
 parallel_args() {
     # DP attention + expert parallel, or TP (+ EP), as in the public recipe.
-    if [[ "$DP_ATTENTION" == "true" ]]; then
+    if is_true "$DP_ATTENTION"; then
         PARALLEL_ARGS=(--data-parallel-size "$TP" --enable-expert-parallel)
     elif ((EP_SIZE > 1)); then
         PARALLEL_ARGS=(--tensor-parallel-size "$TP" --enable-expert-parallel)
@@ -159,6 +212,7 @@ parallel_args() {
 
 build_commands() {
     parallel_args
+    SERVED_MODEL="${MODEL_PATH:-$MODEL}"
     SERVE_FLAGS=(
         "${PRECISION_FLAGS[@]}"
         --block-size 128
@@ -170,16 +224,22 @@ build_commands() {
         --max-num-batched-tokens "$MAX_NUM_BATCHED_TOKENS"
         "${TARGET_SERVE_ARGS[@]}"
     )
-    SERVE_CMD=("$VLLM_BIN" serve "${MODEL_PATH:-$MODEL}" --port "$PORT"
+    SERVE_CMD=("$VLLM_BIN" serve "$SERVED_MODEL" --port "$PORT"
         "${SERVE_FLAGS[@]}")
     BENCH_CMD=("$VLLM_BIN" bench serve
-        --model "${MODEL_PATH:-$MODEL}" --port "$PORT"
+        --model "$SERVED_MODEL" --port "$PORT"
         --dataset-name random
         --random-input-len "$ISL" --random-output-len "$OSL"
         --random-range-ratio "$RANDOM_RANGE_RATIO"
         --num-prompts "$((CONC * 10))" --max-concurrency "$CONC"
         --save-result --result-dir "$RESULT_DIR"
         --result-filename "$RESULT_FILENAME")
+    EVAL_CMD=(lm_eval --model local-completions --tasks gsm8k
+        --model_args "model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False"
+        --output_path "$RESULT_DIR/eval")
+    PROBE_CMD=(python3 "$COMPARE_HELPER" probe --port "$PORT"
+        --model "$SERVED_MODEL" --max-model-len "$MAX_MODEL_LEN"
+        --out "$RESULT_DIR/agreement.json")
     # The preflight judges exactly what will be served: MODEL_PATH (a typo
     # fails here, not after launch), or MODEL if it is a local directory. A
     # hub id is judged on the bundled config (the checkpoint's architecture
@@ -197,11 +257,16 @@ build_commands() {
 }
 
 export_target_env() {
-    local pair
+    local pair name
     for pair in "${TARGET_ENV[@]}" "${PRECISION_ENV[@]}"; do
+        name="${pair%%=*}"
+        if [[ -n "${!name:-}" && "${!name}" != "${pair#*=}" ]]; then
+            echo "note: ${name}=${!name} from your environment is replaced by" \
+                "${pair#*=} for KV_PRECISION=${KV_PRECISION}"
+        fi
         export "${pair?}"
     done
-    if [[ -n "${ROCR_VISIBLE_DEVICES:-}" ]]; then
+    if [[ "$COPY_ROCR_TO_HIP" == true && -n "${ROCR_VISIBLE_DEVICES:-}" ]]; then
         export HIP_VISIBLE_DEVICES="$ROCR_VISIBLE_DEVICES"
     fi
 }
@@ -217,16 +282,13 @@ stop_server() {
         kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
     fi
     SERVER_PID=""
-# The lines the plugin logs once the engine's KV pool is planned.
-ACTIVE_LINE="vllm-minimax-m3-kv active:"
-ONE_PRECISION_LINE='MiniMax-M3 KV pool: one precision \(.*\) on all [0-9]+ workers; no KV block zeroer is built\.'
-MIXED_LINE='MiniMax-M3 KV pool: mixed precision \(.*\); every one of [0-9]+ workers and the scheduler zero newly allocated blocks\.'
-# How long the pool line may trail /health (engine-core logs are buffered).
-POOL_LINE_TIMEOUT_S="${POOL_LINE_TIMEOUT_S:-60}"
 }
 
 fail_with_log() {
-    echo "error: $1; last lines of $SERVER_LOG:" >&2
+    # In a compare run the one error line names the pool it stopped at.
+    local pool=""
+    [[ -z "$COMPARE_CHILD" ]] || pool="KV_PRECISION=${KV_PRECISION}: "
+    echo "error: ${pool}$1; last lines of $SERVER_LOG:" >&2
     tail -n 40 "$SERVER_LOG" >&2 || true
     exit 1
 }
@@ -258,7 +320,7 @@ confirm_finite_logprobs() {
     # One short greedy completion: every token's logprob must be a number.
     local body response
     body=$(printf '{"model": "%s", "prompt": "%s", "max_tokens": 8, "temperature": 0, "logprobs": 1}' \
-        "${MODEL_PATH:-$MODEL}" "The capital of France is")
+        "$SERVED_MODEL" "The capital of France is")
     response=$(curl -sf "http://127.0.0.1:${PORT}/v1/completions" \
         -H 'Content-Type: application/json' -d "$body") ||
         fail_with_log "the confirmation completion request failed"
@@ -272,6 +334,46 @@ print("ok" if logprobs and not bad else f"{len(bad)} of {len(logprobs)} logprobs
     [[ "$verdict" == ok ]] ||
         fail_with_log "the confirmation completion returned ${verdict}"
     echo "  completion: 8 greedy tokens, logprobs finite"
+}
+
+compare_pools() {
+    # Each pool is this script run again with KV_PRECISION=<pool> in a process
+    # of its own: its environment cannot leak into the next pool's, and its
+    # server is stopped (by its own EXIT trap) before the next one starts.
+    local pools pool seen=" " status=0 done_pools=()
+    read -r -a pools <<<"$COMPARE_POOLS"
+    for pool in "${pools[@]}"; do
+        case "$pool" in
+        fp8 | bf16 | mixed) ;;
+        *) usage_error "COMPARE_POOLS has ${pool}; each pool is one of: fp8 bf16 mixed" ;;
+        esac
+        [[ "$seen" != *" $pool "* ]] || usage_error "COMPARE_POOLS names ${pool} twice"
+        seen+="$pool "
+    done
+    ((${#pools[@]} >= 2)) || usage_error "COMPARE_POOLS=${COMPARE_POOLS} names fewer than two pools"
+    local report_cmd=(python3 "$COMPARE_HELPER" report --result-dir "$RESULT_DIR"
+        --result-filename "$RESULT_FILENAME"
+        --workload "ISL=${ISL} OSL=${OSL} CONC=${CONC} TP=${TP} MAX_MODEL_LEN=${MAX_MODEL_LEN}"
+        "${pools[@]}")
+    echo "== ${TARGET}: KV_PRECISION=compare: ${pools[*]}, one server at a time; reference ${pools[0]}"
+    for pool in "${pools[@]}"; do
+        echo "== compare: KV_PRECISION=${pool} (results in ${RESULT_DIR}/${pool})"
+        KV_PRECISION="$pool" RESULT_DIR="${RESULT_DIR}/${pool}" \
+            MINIMAXM3_COMPARE_CHILD=1 bash "$0" "$@" || status=$?
+        if ((status != 0)); then
+            local left=("${pools[@]:${#done_pools[@]}+1}")
+            echo "== compare stopped at KV_PRECISION=${pool} (exit ${status});" \
+                "not run: ${left[*]:-none}"
+            exit "$status"
+        fi
+        done_pools+=("$pool")
+    done
+    echo "== compare report: ${report_cmd[*]}"
+    if [[ "${1:-}" == --dry-run ]]; then
+        echo "== dry run: nothing started"
+        return 0
+    fi
+    "${report_cmd[@]}"
 }
 
 minimaxm3_main() {
@@ -289,6 +391,10 @@ minimaxm3_main() {
         ;;
     esac
     require_inputs
+    if [[ "$KV_PRECISION" == compare ]]; then
+        compare_pools "$@"
+        return 0
+    fi
     precision_choice
     export_target_env
     build_commands
@@ -300,20 +406,28 @@ minimaxm3_main() {
     [[ -z "${HIP_VISIBLE_DEVICES:-}" ]] || echo "  HIP_VISIBLE_DEVICES=$HIP_VISIBLE_DEVICES"
     echo "== serve"
     echo "  ${SERVE_CMD[*]}"
+    if [[ -n "$COMPARE_CHILD" ]]; then
+        echo "== agreement probe"
+        echo "  ${PROBE_CMD[*]}"
+    fi
     echo "== bench"
     echo "  ${BENCH_CMD[*]}"
+    if run_eval; then
+        echo "== eval"
+        echo "  ${EVAL_CMD[*]}"
+    fi
     echo "== preflight: ${CHECK_CMD[*]}"
     [[ -z "$CHECK_MODEL_NOTE" ]] || echo "  ($CHECK_MODEL_NOTE)"
     local verdict=0
     "${CHECK_CMD[@]}" || verdict=$?
     # check exits 3 for a mixed pool the operator opted into.
     if ! [[ "$verdict" == 0 || ("$verdict" == 3 && "$KV_PRECISION" == mixed) ]]; then
-        echo "error: preflight failed for ${TARGET} (check exit ${verdict});" \
-            "not launching" >&2
+        echo "error: ${COMPARE_CHILD:+KV_PRECISION=${KV_PRECISION}: }preflight failed" \
+            "for ${TARGET} (check exit ${verdict}); not launching" >&2
         exit 2
     fi
     if [[ "$dry_run" == true ]]; then
-        echo "== dry run: nothing started"
+        [[ -n "$COMPARE_CHILD" ]] || echo "== dry run: nothing started"
         return 0
     fi
 
@@ -328,12 +442,15 @@ minimaxm3_main() {
     echo "== server healthy; confirming the KV pool"
     confirm_pool
     confirm_finite_logprobs
+    if [[ -n "$COMPARE_CHILD" ]]; then
+        # Greedy, one request at a time, before any load: what the pool
+        # itself changes, not what batching does.
+        "${PROBE_CMD[@]}" || fail_with_log "the agreement probe failed"
+    fi
     echo "== benchmarking"
-    "${BENCH_CMD[@]}"
+    "${BENCH_CMD[@]}" || fail_with_log "the benchmark failed (exit $?)"
     if run_eval; then
-        lm_eval --model local-completions --tasks gsm8k \
-            --model_args "model=${MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions" \
-            --output_path "$RESULT_DIR/eval"
+        "${EVAL_CMD[@]}" || fail_with_log "lm-eval gsm8k failed (exit $?)"
     fi
     echo "== results in $RESULT_DIR/$RESULT_FILENAME"
 }

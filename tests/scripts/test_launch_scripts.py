@@ -17,6 +17,8 @@ from sim.process import ADDRESS_ENV, REPO, child_env, server_address
 
 SCRIPTS = REPO / "scripts"
 STANDIN = Path(__file__).parent / "standin"
+# A stand-in lm_eval, on PATH only where a test asks for it.
+STANDIN_EVAL = Path(__file__).parent / "standin_eval"
 FORKED_CHECK = Path(__file__).parent / "forked" / "vllm-minimax-m3-kv"
 
 
@@ -53,12 +55,15 @@ def run_script(
     *args: str,
     timeout: float = 240,
     console_script: bool = False,
+    with_eval: bool = False,
 ):
     """The script with the stand-in `vllm` first on PATH. Its preflight is the
     real check: run in a child of this session's fork server, or, with
     ``console_script``, as the installed console script."""
     base = child_env()
     path = f"{STANDIN}:{Path(sys.executable).parent}:{base.get('PATH', '')}"
+    if with_eval:
+        path = f"{STANDIN_EVAL}:{path}"
     forked = (
         {}
         if console_script
@@ -88,16 +93,22 @@ def serve_line(out: str) -> str:
     )
 
 
+def server_pids(tmp_path: Path) -> list[int]:
+    """Every stand-in server this test started, in order."""
+    return [int(line) for line in (tmp_path / "server.pid").read_text().split()]
+
+
 def assert_no_server_left(tmp_path: Path) -> None:
-    pid = int((tmp_path / "server.pid").read_text())
     deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"server pid {pid} still running")
+    for pid in server_pids(tmp_path):
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            if time.time() > deadline:
+                raise AssertionError(f"server pid {pid} still running")
+            time.sleep(0.2)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +143,8 @@ def test_dry_run_prints_commands_and_passes_check(tmp_path, script, target, rocm
     assert f"--target {target}" in out
     assert "uniform precision        yes" in out
     assert ("VLLM_ROCM_USE_AITER=1" in out) is rocm_env
-    assert ("HIP_VISIBLE_DEVICES=0,1" in out) is True
+    # Copied for ROCm only, where vLLM reads HIP_VISIBLE_DEVICES.
+    assert ("HIP_VISIBLE_DEVICES=0,1" in out) is rocm_env
     assert "dry run: nothing started" in out
     assert not (tmp_path / "server.pid").exists()
 
@@ -321,7 +333,7 @@ def test_fp8_on_a_short_low_concurrency_workload_gets_one_advice_line(tmp_path):
 def test_unknown_kv_precision_is_refused(tmp_path):
     proc, _ = _dry_run(tmp_path, KV_PRECISION="int8")
     assert proc.returncode == 64
-    assert "KV_PRECISION=int8 is not one of: fp8 bf16 mixed" in proc.stderr
+    assert "KV_PRECISION=int8 is not one of: fp8 bf16 mixed compare" in proc.stderr
 
 
 def test_run_eval_checks_for_lm_eval_before_anything_starts(tmp_path):
@@ -346,24 +358,30 @@ def test_preflight_judges_the_model_path_the_script_serves(tmp_path):
     )
 
 
+def _library_array(name: str) -> list[str]:
+    library = (SCRIPTS / "lib" / "minimaxm3_fp8_bench.sh").read_text()
+    return library.split(f"{name}=(", 1)[1].split(")", 1)[0].split()
+
+
 @pytest.mark.parametrize("script", ["minimaxm3_fp8_mi355x.sh", "minimaxm3_fp8_b300.sh"])
 def test_help_lists_every_input_with_its_default(script):
     proc = run_script(script, {}, "--help")
     assert proc.returncode == 0 and proc.stderr == ""
     listed = {
         line.split()[0]
-        for line in proc.stdout.splitlines()
+        for line in proc.stdout.split("set for vllm serve")[0].splitlines()
         if line.startswith("  ") and line.strip()
     }
-    library = (SCRIPTS / "lib" / "minimaxm3_fp8_bench.sh").read_text()
-    required = library.split("REQUIRED_VARS=(", 1)[1].split(")", 1)[0].split()
-    optional = ["KV_PRECISION", "MODEL_PATH", "PP", "RUN_EVAL", "HEALTH_TIMEOUT_S"]
-    assert set(required + optional) <= listed, set(required + optional) - listed
+    every = _library_array("REQUIRED_VARS") + _library_array("OPTIONAL_VARS")
+    assert "POOL_LINE_TIMEOUT_S" in every and "CHECK_BIN" in every
+    assert set(every) == listed, set(every) ^ listed
     for name, default in (
         ("KV_PRECISION", "fp8"),
+        ("COMPARE_POOLS", "mixed fp8"),
         ("GPU_MEMORY_UTILIZATION", "0.9"),
         ("MAX_NUM_BATCHED_TOKENS", "16384"),
         ("HEALTH_TIMEOUT_S", "1800"),
+        ("POOL_LINE_TIMEOUT_S", "60"),
     ):
         line = next(
             line for line in proc.stdout.splitlines() if line.split()[:1] == [name]
@@ -371,3 +389,56 @@ def test_help_lists_every_input_with_its_default(script):
         assert line.rstrip().endswith(f"({default})"), line
     bad = run_script(script, {}, "--nope")
     assert bad.returncode == 64 and "required environment:" in bad.stderr
+
+
+def test_help_says_what_the_script_sets_on_your_behalf():
+    rocm = run_script("minimaxm3_fp8_mi355x.sh", {}, "--help").stdout
+    behalf = rocm.split("set for vllm serve on your behalf (mi355x):", 1)[1]
+    for line in (
+        "VLLM_ROCM_USE_AITER=1  (always)",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1  (KV_PRECISION=fp8; replaces your value)",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0  (KV_PRECISION=bf16 or mixed; replaces",
+        "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1  (KV_PRECISION=mixed)",
+        "HIP_VISIBLE_DEVICES=$ROCR_VISIBLE_DEVICES  (when ROCR_VISIBLE_DEVICES is set)",
+    ):
+        assert line in behalf, behalf
+    b300 = run_script("minimaxm3_fp8_b300.sh", {}, "--help").stdout
+    assert "ROCR_VISIBLE_DEVICES" not in b300 and "VLLM_ROCM" not in b300
+
+
+def test_a_replaced_environment_value_is_said(tmp_path):
+    env = inputs(tmp_path, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT="0", CHECK_BIN="true")
+    proc = run_script("minimaxm3_fp8_mi355x.sh", env, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "note: VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0 from your environment is replaced"
+        " by 1 for KV_PRECISION=fp8" in proc.stdout
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("DP_ATTENTION", "yes"), ("RUN_EVAL", "on")]
+)
+def test_booleans_accept_true_false_1_0_and_nothing_else(tmp_path, name, value):
+    proc = run_script(
+        "minimaxm3_fp8_b300.sh", inputs(tmp_path, **{name: value}), "--dry-run"
+    )
+    assert proc.returncode == 64
+    assert f"error: {name}={value} is not one of: true false 1 0" in proc.stderr
+    dp = run_script(
+        "minimaxm3_fp8_b300.sh",
+        inputs(tmp_path, DP_ATTENTION="1", CHECK_BIN="true"),
+        "--dry-run",
+    )
+    assert dp.returncode == 0 and "--data-parallel-size 8" in dp.stdout
+
+
+def test_the_missing_input_error_lists_every_optional_input(tmp_path):
+    env = inputs(tmp_path)
+    env.pop("MODEL")
+    proc = run_script("minimaxm3_fp8_b300.sh", env)
+    assert proc.returncode == 64
+    optional = next(
+        line for line in proc.stderr.splitlines() if "optional:" in line
+    ).split("optional:", 1)[1]
+    assert set(_library_array("OPTIONAL_VARS")) <= set(optional.split()), optional

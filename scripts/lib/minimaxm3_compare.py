@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""KV_PRECISION=compare for the MiniMax-M3 launch scripts (standard library only).
+
+``probe``: send the fixed agreement prompt set to a running server, one request
+at a time (greedy, top-5 logprobs), and write what came back.
+
+``report``: read each pool's results (``vllm bench serve``'s result file, the
+KV capacity vLLM logged at startup, lm-eval's gsm8k result, the probe) from
+``RESULT_DIR/<pool>/``, print one table, write ``RESULT_DIR/compare.json`` and
+end with the pool to run and the rule that chose it (docs/deploying.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+PROBE_FILE = "agreement.json"
+SERVER_LOG = "server.log"
+REPORT_FILE = "compare.json"
+TOP_LOGPROBS = 5
+# lm-eval's stderr is one standard error; a drop beyond this many of the
+# difference's standard errors (95%, two-sided) is not noise.
+GSM8K_Z = 1.96
+# vLLM logs this once per engine after KV planning (v1/core/kv_cache_utils.py).
+KV_TOKENS_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+# --- the prompt set --------------------------------------------------------
+
+SHORT_PROMPTS = [
+    "The capital of France is",
+    "Water boils at sea level at a temperature of",
+    "The chemical symbol for gold is",
+    "Q: What is 17 multiplied by 23?\nA:",
+    "Q: If a train travels 60 km in 45 minutes, what is its speed in km/h?\nA:",
+    "The three primary colors of light are",
+    "def fibonacci(n):\n    ",
+    "Translate to German: 'The weather is nice today.'\nGerman:",
+    "A haiku about the sea:\n",
+    "The largest planet in the solar system is",
+    "Q: Name the author of 'Pride and Prejudice'.\nA:",
+    "SELECT name, COUNT(*) FROM orders GROUP BY",
+]
+CITIES = ["Lisbon", "Oslo", "Quito", "Hanoi", "Dakar", "Perth", "Riga", "Lima"]
+# Prompt lengths in tokens, each used four times, clipped to what fits: the
+# longer ones are past the indexer's 16 x 128 = 2,048 token window, where the
+# index cache decides which blocks attention reads.
+LONG_TARGETS = [600, 1_500, 3_000, 5_000, 8_000, 12_000, 16_000]
+# Digits and punctuation tokenize densely: a conservative characters-per-token.
+CHARS_PER_TOKEN = 2.5
+
+
+def _record(index: int) -> str:
+    city = CITIES[index % len(CITIES)]
+    code = (index * 7_919 + 12_345) % 90_000 + 10_000
+    return (
+        f"Entry {index:05d}: the access code for depot {city}-{index % 97} is {code}.\n"
+    )
+
+
+def agreement_prompts(max_model_len: int, max_tokens: int) -> list[dict[str, Any]]:
+    """The fixed prompt set: short completions and long retrieval prompts
+    (find one record in a list of many), at least 32, deterministic."""
+    budget = max(64, max_model_len - max_tokens - 64)
+    prompts = [
+        {"id": f"short-{i:02d}", "prompt": p} for i, p in enumerate(SHORT_PROMPTS)
+    ]
+    for target in LONG_TARGETS:
+        tokens = min(target, budget)
+        chars = int(tokens * CHARS_PER_TOKEN)
+        for variant in range(4):
+            lines: list[str] = []
+            index = target + variant * 1_000
+            while sum(map(len, lines)) + 200 < chars:
+                lines.append(_record(index + len(lines)))
+            if not lines:
+                lines.append(_record(index))
+            asked = lines[(variant * 2 + 1) * len(lines) // 8]
+            depot = asked.split("depot ", 1)[1].split(" is", 1)[0]
+            question = f"Question: what is the access code for depot {depot}?\nAnswer:"
+            prompts.append(
+                {
+                    "id": f"records-{target}-{variant}",
+                    "prompt": "".join(lines) + question,
+                }
+            )
+    return prompts
+
+
+# --- probe -----------------------------------------------------------------
+
+
+def _complete(base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": TOP_LOGPROBS,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{base_url}/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.loads(response.read())
+
+
+def probe(options: argparse.Namespace) -> int:
+    base_url = f"http://127.0.0.1:{options.port}"
+    answers = []
+    for item in agreement_prompts(options.max_model_len, options.max_tokens):
+        try:
+            reply = _complete(
+                base_url, options.model, item["prompt"], options.max_tokens
+            )
+            logprobs = reply["choices"][0]["logprobs"]
+            answers.append(
+                {
+                    "id": item["id"],
+                    "prompt_chars": len(item["prompt"]),
+                    "tokens": logprobs["tokens"],
+                    "first_top": logprobs["top_logprobs"][0],
+                }
+            )
+        except (
+            urllib.error.URLError,
+            OSError,
+            KeyError,
+            IndexError,
+            ValueError,
+        ) as error:
+            print(
+                f"prompt {item['id']}: {type(error).__name__}: {error}", file=sys.stderr
+            )
+            return 1
+    Path(options.out).write_text(
+        json.dumps({"max_tokens": options.max_tokens, "answers": answers})
+    )
+    print(
+        f"  agreement probe: {len(answers)} prompts, {options.max_tokens} greedy tokens each"
+    )
+    return 0
+
+
+# --- report ----------------------------------------------------------------
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def kv_tokens(server_log: Path) -> int | None:
+    """The KV capacity vLLM logged; the smallest where several engines did."""
+    try:
+        text = server_log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = [int(m.group(1).replace(",", "")) for m in KV_TOKENS_LINE.finditer(text)]
+    return min(found) if found else None
+
+
+def gsm8k(eval_dir: Path) -> tuple[float, float] | None:
+    """lm-eval's gsm8k strict-match score and stderr (newest results file)."""
+    files = sorted(eval_dir.glob("**/results_*.json"), key=lambda p: p.stat().st_mtime)
+    for path in reversed(files):
+        task = ((_read_json(path) or {}).get("results") or {}).get("gsm8k") or {}
+        if "exact_match,strict-match" in task:
+            return (
+                float(task["exact_match,strict-match"]),
+                float(task.get("exact_match_stderr,strict-match", 0.0)),
+            )
+    return None
+
+
+def agreement(reference: dict, other: dict) -> dict[str, Any]:
+    """Greedy agreement of ``other`` with ``reference`` on the same prompts.
+
+    ``first_token_close``: per prompt, the first greedy tokens are equal, or
+    each is in the other's top-5 (the rule of vLLM's ``check_logprobs_close``).
+    ``first_top5_same``: the top-5 tokens and their logprobs rounded to 0.1
+    are equal. ``greedy_tokens_identical``: the share of positions whose
+    greedy token is the same, over every prompt's generated tokens."""
+    ours = {a["id"]: a for a in other["answers"]}
+    close = same_top = identical = positions = whole = compared = 0
+    far: list[str] = []
+    for ref in reference["answers"]:
+        answer = ours.get(ref["id"])
+        if answer is None:
+            continue
+        compared += 1
+        a, b = ref["tokens"], answer["tokens"]
+        if a[:1] == b[:1] or (
+            a[:1] and b[:1] and a[0] in answer["first_top"] and b[0] in ref["first_top"]
+        ):
+            close += 1
+        else:
+            far.append(ref["id"])
+        rounded = [
+            sorted((t, round(float(lp), 1)) for t, lp in top.items())
+            for top in (ref["first_top"], answer["first_top"])
+        ]
+        same_top += rounded[0] == rounded[1]
+        span = max(len(a), len(b))
+        identical += sum(x == y for x, y in zip(a, b, strict=False))
+        positions += span
+        whole += a == b
+    return {
+        "prompts": compared,
+        "first_token_close": close,
+        "first_top5_same": same_top,
+        "greedy_tokens_identical": identical / positions if positions else None,
+        "prompts_identical": whole,
+        "not_close": far,
+    }
+
+
+def pool_row(result_dir: Path, pool: str, result_filename: str) -> dict[str, Any]:
+    directory = result_dir / pool
+    bench = _read_json(directory / result_filename) or {}
+    score = gsm8k(directory / "eval")
+    return {
+        "pool": pool,
+        "output_throughput": bench.get("output_throughput"),
+        "median_ttft_ms": bench.get("median_ttft_ms"),
+        "p99_ttft_ms": bench.get("p99_ttft_ms"),
+        "median_tpot_ms": bench.get("median_tpot_ms"),
+        "p99_tpot_ms": bench.get("p99_tpot_ms"),
+        "kv_tokens": kv_tokens(directory / SERVER_LOG),
+        "gsm8k": score[0] if score else None,
+        "gsm8k_stderr": score[1] if score else None,
+    }
+
+
+def gsm8k_holds(row: dict, reference: dict) -> bool | None:
+    """None when either pool has no gsm8k; else whether ``row`` is not lower
+    than the reference by more than GSM8K_Z standard errors of the difference."""
+    if row["gsm8k"] is None or reference["gsm8k"] is None:
+        return None
+    spread = math.hypot(row["gsm8k_stderr"] or 0.0, reference["gsm8k_stderr"] or 0.0)
+    return reference["gsm8k"] - row["gsm8k"] <= GSM8K_Z * spread
+
+
+def decide(rows: list[dict]) -> dict[str, Any]:
+    """The rule (docs/deploying.md): the first pool is the reference. A pool
+    is eligible when its first greedy token is close to the reference's on
+    every probe prompt and, with gsm8k run, its score is within GSM8K_Z
+    standard errors of the reference's. Run the eligible pool with the
+    highest output throughput."""
+    reference = rows[0]
+    excluded: dict[str, str] = {}
+    for row in rows[1:]:
+        match = row.get("agreement")
+        if match is None:
+            excluded[row["pool"]] = "no agreement probe"
+        elif match["first_token_close"] < match["prompts"]:
+            excluded[row["pool"]] = (
+                f"first tokens not close on {match['prompts'] - match['first_token_close']}"
+                f" of {match['prompts']} prompts ({', '.join(match['not_close'][:3])})"
+            )
+        elif gsm8k_holds(row, reference) is False:
+            excluded[row["pool"]] = (
+                f"gsm8k {row['gsm8k']:.4f} vs {reference['gsm8k']:.4f}: lower by more than"
+                f" {GSM8K_Z} standard errors"
+            )
+        elif row["output_throughput"] is None:
+            excluded[row["pool"]] = "no benchmark result"
+    eligible = [r for r in rows if r["pool"] not in excluded]
+    best = max(eligible, key=lambda r: r["output_throughput"] or 0.0)
+    reasons: list[str] = []
+    if best is not reference and reference["output_throughput"]:
+        gain = best["output_throughput"] / reference["output_throughput"] - 1
+        reasons.append(f"{gain:+.1%} output tok/s vs {reference['pool']}")
+    elif len(eligible) > 1:
+        others = [r for r in eligible if r is not best and r["output_throughput"]]
+        if others and best["output_throughput"]:
+            runner = max(others, key=lambda r: r["output_throughput"])
+            gain = best["output_throughput"] / runner["output_throughput"] - 1
+            reasons.append(f"fastest ({gain:+.1%} output tok/s vs {runner['pool']})")
+    else:
+        reasons.append("the reference, the only eligible pool")
+    if best is not reference:
+        holds = gsm8k_holds(best, reference)
+        if holds is None:
+            reasons.append("gsm8k not run (RUN_EVAL=1 runs it)")
+        else:
+            reasons.append(
+                f"gsm8k {best['gsm8k']:.4f} vs {reference['gsm8k']:.4f} (within"
+                f" {GSM8K_Z} standard errors)"
+            )
+        match = best["agreement"]
+        reasons.append(
+            f"first tokens close on {match['first_token_close']}/{match['prompts']} prompts"
+        )
+    if best["kv_tokens"] and reference["kv_tokens"] and best is not reference:
+        reasons.append(f"{best['kv_tokens'] / reference['kv_tokens']:.2f}x KV tokens")
+    return {"run": best["pool"], "reasons": reasons, "excluded": excluded}
+
+
+def _cell(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(rows: list[dict]) -> str:
+    header = (
+        "| pool | output tok/s | TTFT median / p99 ms | TPOT median / p99 ms | KV tokens"
+        " | gsm8k (stderr) | first token close | top-5 same | greedy tokens same |"
+    )
+    lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
+    for row in rows:
+        match = row.get("agreement")
+        gsm = (
+            f"{row['gsm8k']:.4f} ({row['gsm8k_stderr']:.4f})"
+            if row["gsm8k"] is not None
+            else "-"
+        )
+        agree = (
+            [
+                f"{match['first_token_close']}/{match['prompts']}",
+                f"{match['first_top5_same']}/{match['prompts']}",
+                _cell(match["greedy_tokens_identical"], ".1%"),
+            ]
+            if match
+            else ["reference"] * 3
+        )
+        lines.append(
+            f"| {row['pool']} | {_cell(row['output_throughput'], ',.1f')}"
+            f" | {_cell(row['median_ttft_ms'], ',.1f')} / {_cell(row['p99_ttft_ms'], ',.1f')}"
+            f" | {_cell(row['median_tpot_ms'], '.2f')} / {_cell(row['p99_tpot_ms'], '.2f')}"
+            f" | {_cell(row['kv_tokens'], ',')} | {gsm} | {' | '.join(agree)} |"
+        )
+    return "\n".join(lines)
+
+
+def report(options: argparse.Namespace) -> int:
+    result_dir = Path(options.result_dir)
+    rows = [
+        pool_row(result_dir, pool, options.result_filename) for pool in options.pools
+    ]
+    reference_probe = _read_json(result_dir / options.pools[0] / PROBE_FILE)
+    for row in rows[1:]:
+        probe_result = _read_json(result_dir / row["pool"] / PROBE_FILE)
+        row["agreement"] = (
+            agreement(reference_probe, probe_result)
+            if reference_probe and probe_result
+            else None
+        )
+    verdict = decide(rows)
+    print(f"== compare ({options.workload}); reference: {options.pools[0]}")
+    print(table(rows))
+    for pool, why in verdict["excluded"].items():
+        print(f"  {pool} not eligible: {why}")
+    print(
+        f"decision: run KV_PRECISION={verdict['run']}: {'; '.join(verdict['reasons'])}"
+    )
+    (result_dir / REPORT_FILE).write_text(
+        json.dumps(
+            {"workload": options.workload, "pools": rows, "decision": verdict}, indent=2
+        )
+    )
+    print(f"== comparison in {result_dir / REPORT_FILE}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("probe")
+    p.add_argument("--port", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--max-model-len", type=int, required=True)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--out", required=True)
+    r = commands.add_parser("report")
+    r.add_argument("--result-dir", required=True)
+    r.add_argument("--result-filename", required=True)
+    r.add_argument("--workload", default="")
+    r.add_argument("pools", nargs="+")
+    options = parser.parse_args(argv)
+    return probe(options) if options.command == "probe" else report(options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

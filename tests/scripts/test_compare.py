@@ -1,0 +1,170 @@
+"""KV_PRECISION=compare: the same workload served and benchmarked once per
+pool, one server at a time, then one table and the pool to run. Against the
+stand-in `vllm` (and `lm_eval`), whose figures each test sets per pool."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.scripts.test_launch_scripts import (
+    assert_no_server_left,
+    inputs,
+    run_script,
+    server_pids,
+)
+
+MI355X = "minimaxm3_fp8_mi355x.sh"
+# Decision-rule tests: the preflight is tested elsewhere, so it always passes.
+NO_PREFLIGHT = {"CHECK_BIN": "true"}
+
+
+def compare(tmp_path, pools: dict, script=MI355X, *args, **env):
+    values = inputs(
+        tmp_path,
+        KV_PRECISION="compare",
+        STANDIN_POOLS=json.dumps(pools),
+        RUN_EVAL="1",
+        **env,
+    )
+    return run_script(script, values, *args, with_eval=True)
+
+
+def decision(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("decision:"))
+
+
+def report(tmp_path) -> dict:
+    return json.loads((tmp_path / "results" / "compare.json").read_text())
+
+
+def sections(out: str) -> dict[str, str]:
+    """Each pool's part of a compare run's output."""
+    parts = out.split("== compare: KV_PRECISION=")[1:]
+    return {part.split(" ", 1)[0]: part for part in parts}
+
+
+@pytest.mark.parametrize(
+    ("script", "shuffle"), [(MI355X, True), ("minimaxm3_fp8_b300.sh", False)]
+)
+def test_dry_run_prints_each_pools_environment_and_commands(tmp_path, script, shuffle):
+    proc = run_script(script, inputs(tmp_path, KV_PRECISION="compare"), "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = sections(proc.stdout)
+    assert list(runs) == ["mixed", "fp8"]  # the public recipe first: the reference
+    for pool, layout, indexer in (("fp8", "1", "fp8"), ("mixed", "0", "bf16")):
+        run = runs[pool]
+        serve = [
+            line
+            for line in run.splitlines()
+            if line.split()[1:2] == ["serve"] and not line.startswith("==")
+        ]
+        assert len(serve) == 1, run
+        assert f"--attention-config.indexer_kv_dtype {indexer}" in serve[0]
+        assert ("  VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=" + layout in run) is shuffle
+        assert "agreement probe" in run and " bench serve " in run
+        assert "uniform precision        yes" in run or pool == "mixed"
+    assert ("VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1" in runs["mixed"]) is True
+    assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED" not in runs["fp8"]
+    assert "== compare report: " in proc.stdout
+    assert "dry run: nothing started" in proc.stdout
+    assert not (tmp_path / "server.pid").exists()
+
+
+def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
+    pools = {
+        "mixed": {"output_throughput": 1000.0, "kv_tokens": 2_294_272, "gsm8k": 0.95},
+        "fp8": {"output_throughput": 1100.0, "kv_tokens": 3_033_088, "gsm8k": 0.948},
+    }
+    proc = compare(tmp_path, pools, ISL="8192", CONC="64")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert len(server_pids(tmp_path)) == 2  # one server per pool, in turn
+    assert_no_server_left(tmp_path)
+    assert "| mixed | 1,000.0 |" in out and "| fp8 | 1,100.0 |" in out
+    assert "| 3,033,088 | 0.9480 (0.0060) | 40/40 | 40/40 | 100.0% |" in out
+    assert decision(out) == (
+        "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs mixed; gsm8k 0.9480"
+        " vs 0.9500 (within 1.96 standard errors); first tokens close on 40/40"
+        " prompts; 1.32x KV tokens"
+    )
+    saved = report(tmp_path)
+    assert saved["decision"]["run"] == "fp8"
+    assert [row["pool"] for row in saved["pools"]] == ["mixed", "fp8"]
+    assert saved["pools"][1]["agreement"]["prompts"] == 40
+    for pool in ("mixed", "fp8"):
+        assert (tmp_path / "results" / pool / "agreement.json").exists()
+        assert (tmp_path / "results" / pool / "result.json").exists()
+
+
+def test_a_slower_fp8_pool_leaves_todays_recipe_in_place(tmp_path):
+    pools = {
+        "mixed": {"output_throughput": 1000.0},
+        "fp8": {"output_throughput": 920.0},
+    }
+    proc = compare(tmp_path, pools, **NO_PREFLIGHT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert decision(proc.stdout).startswith(
+        "decision: run KV_PRECISION=mixed: fastest (+8.7% output tok/s vs fp8)"
+    )
+    assert_no_server_left(tmp_path)
+
+
+def test_a_gsm8k_drop_beyond_its_standard_error_rules_a_pool_out(tmp_path):
+    pools = {
+        "mixed": {"output_throughput": 1000.0, "gsm8k": 0.95, "gsm8k_stderr": 0.006},
+        "fp8": {"output_throughput": 1300.0, "gsm8k": 0.92, "gsm8k_stderr": 0.007},
+    }
+    proc = compare(tmp_path, pools, **NO_PREFLIGHT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fp8 not eligible: gsm8k 0.9200 vs 0.9500: lower by more than 1.96" in (
+        proc.stdout
+    )
+    assert decision(proc.stdout).startswith("decision: run KV_PRECISION=mixed")
+
+
+def test_diverging_greedy_tokens_rule_a_pool_out(tmp_path):
+    pools = {"mixed": {}, "fp8": {"output_throughput": 1500.0, "diverge": 0.25}}
+    proc = compare(tmp_path, pools, **NO_PREFLIGHT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fp8 not eligible: first tokens not close on" in proc.stdout
+    assert decision(proc.stdout).startswith("decision: run KV_PRECISION=mixed")
+    row = report(tmp_path)["pools"][1]["agreement"]
+    assert 0 < row["first_token_close"] < row["prompts"]
+    assert row["greedy_tokens_identical"] < 1.0
+
+
+@pytest.mark.parametrize("step", ["serve", "bench"])
+def test_a_pool_that_fails_stops_the_comparison_and_leaves_nothing_running(
+    tmp_path, step
+):
+    pools = {"mixed": {}, "fp8": {"fail": step}, "bf16": {}}
+    proc = compare(tmp_path, pools, COMPARE_POOLS="mixed fp8 bf16", **NO_PREFLIGHT)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: KV_PRECISION=fp8: "), (
+        proc.stderr
+    )
+    assert "compare stopped at KV_PRECISION=fp8 (exit 1); not run: bf16" in proc.stdout
+    assert "bf16" not in sections(proc.stdout)
+    assert len(server_pids(tmp_path)) == 2  # mixed, then fp8; bf16 never started
+    assert_no_server_left(tmp_path)
+    assert not (tmp_path / "results" / "compare.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("pools", "says"),
+    [
+        ("fp8", "names fewer than two pools"),
+        ("fp8 fp8", "names fp8 twice"),
+        ("fp8 int8", "COMPARE_POOLS has int8"),
+    ],
+)
+def test_compare_pools_are_checked_before_anything_starts(tmp_path, pools, says):
+    proc = run_script(
+        MI355X, inputs(tmp_path, KV_PRECISION="compare", COMPARE_POOLS=pools)
+    )
+    assert proc.returncode == 64
+    assert says in proc.stderr
+    assert not (tmp_path / "server.pid").exists()
