@@ -19,8 +19,8 @@ on the same fp8 main cache. Reported per cell, over the queries:
 - and whether the plugin's bound cache gives bit-identical scores to a native
   e4m3 tensor holding the same bytes.
 
-Key distributions: ``rms`` (RMS-normed Gaussian keys, as the model's key norm
-emits them), ``outliers`` (a few channels scaled 16x before the cast), and
+Key distributions: ``rms`` (Gaussian keys, RMS-normed as the model's key norm
+normalises its keys; random directions, not a checkpoint's keys), ``outliers`` (a few channels scaled 16x before the cast), and
 ``near_tied`` (every block holds a copy of one key direction plus small
 noise, so block maxima nearly tie). Synthetic activations: this measures what
 fp8 storage does to the indexer's choice, not model accuracy (see docs).

@@ -299,9 +299,9 @@ PATCHES: tuple[Patch, ...] = (
             "Defense in depth, and what makes VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 "
             "safe: vLLM 0.33 derives needs_kv_cache_zeroing from each config's "
             "own specs, so with a mixed-precision pool PP stages disagree "
-            "([False, True]) and the scheduler's projection says False; new "
-            "blocks are never zeroed (NaN) or a stage without a zeroer is sent "
-            "blocks to zero (HTTP 500)."
+            "([False, True]) and the scheduler's projection says False; a "
+            "stage without a zeroer that is sent blocks to zero fails the "
+            "request (HTTP 500)."
         ),
         how=(
             "KVCacheConfig.needs_kv_cache_zeroing returns a decision stored on "

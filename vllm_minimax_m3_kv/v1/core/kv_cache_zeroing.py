@@ -3,9 +3,11 @@
 vLLM 0.33 computes ``KVCacheConfig.needs_kv_cache_zeroing`` from the specs a
 config holds. Each PP worker's config holds only its stage's layers, and the
 scheduler's config keeps one spec per group, so a mixed-precision pool can give
-``[False, True]`` across stages and ``False`` to the scheduler: new blocks are
-never zeroed (stale bytes decode to NaN), or a stage without a zeroer receives
-blocks to zero (HTTP 500).
+``[False, True]`` across stages and ``False`` to the scheduler: the scheduler never asks for new blocks to be
+zeroed, and a stage without a zeroer that is asked fails the request (HTTP
+500). vLLM's Triton MiniMax-M3 kernels never read an unwritten slot
+(``tests/kernels/test_stale_bytes.py``), so the harm measured is the PP
+disagreement, not stale values.
 
 Here, as in #64472, the decision is computed once from every worker's full
 config after planning, OR-ed across workers, and stored on each config; the
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from vllm_minimax_m3_kv._versions import PLUGIN_INSTALL
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -127,9 +131,10 @@ def require_plugin_on_every_worker(
                 f"cache ({stock[0]}, ...) as float8_e4m3fn/NONE, the stock vLLM "
                 "description: that node runs without vllm-minimax-m3-kv "
                 f"{version} (or with another version), so its stage would "
-                "be mixed precision. Install the same version on every node "
-                f"(pip install --no-deps vllm-minimax-m3-kv=={version}), or "
-                "run every node without it (VLLM_PLUGINS)."
+                "be mixed precision. Install the same version on every node, "
+                "from the same checkout or wheel "
+                f"({PLUGIN_INSTALL}), or run every node without it "
+                "(VLLM_PLUGINS=)."
             )
 
 
