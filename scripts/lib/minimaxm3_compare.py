@@ -29,8 +29,9 @@ TOP_LOGPROBS = 5
 # lm-eval's stderr is one standard error; a drop beyond this many of the
 # difference's standard errors (95%, two-sided) is not noise.
 GSM8K_Z = 1.96
-# vLLM logs this once per engine after KV planning (v1/core/kv_cache_utils.py).
-KV_TOKENS_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+# vLLM logs this once per engine after KV planning ("GPU KV cache size: N
+# tokens, ..." from update_kv_cache_capacity in v1/core/kv_cache_utils.py).
+KV_TOKENS_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
 
 # --- the prompt set --------------------------------------------------------
 
