@@ -10,6 +10,7 @@ import itertools
 import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,25 @@ def _printed(quote: str, corpus: list[str]) -> bool:
         else:
             return True
     return False
+
+
+def test_every_fix_line_pastes_into_bash(tmp_path):
+    """Each fix line decide() can print is shell: `bash -n` parses it, and
+    what it does is a comment."""
+    lines = {
+        line.strip()
+        for message in _policy_messages()
+        if "Fix with one of:" in message
+        for line in message.split("Fix with one of:", 1)[1].strip().splitlines()
+    }
+    assert len(lines) > 20 and all("#" in line for line in lines)
+    script = tmp_path / "fixes.sh"
+    for line in sorted(lines):
+        script.write_text(line + "\n")
+        proc = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, (line, proc.stderr)
 
 
 def test_readme_is_one_page():

@@ -7,11 +7,14 @@ from importlib import metadata
 SUPPORTED_VLLM = ((0, 33), (0, 34))
 """Half-open ``[0.33, 0.34)`` range, as in ``pyproject.toml``."""
 SUPPORTED_VLLM_RANGE = ">=0.33,<0.34"
+PLUGIN_INSTALL = "pip install --no-deps /path/to/vllm-minimax-m3-kv"
+"""The plugin beside an installed vLLM, from its checkout or a wheel built
+from it (the package is not on the package index)."""
 SUPPORTED_VLLM_INSTALL = (
-    f"vllm-minimax-m3-kv needs vLLM {SUPPORTED_VLLM_RANGE}: on ROCm use a vLLM "
-    "0.33 image and install the plugin beside it with pip install --no-deps "
-    f"vllm-minimax-m3-kv; elsewhere pip install 'vllm{SUPPORTED_VLLM_RANGE}' "
-    "(a CUDA wheel, which would replace a ROCm build)"
+    f"vllm-minimax-m3-kv needs vLLM {SUPPORTED_VLLM_RANGE}: "
+    f"pip install 'vllm{SUPPORTED_VLLM_RANGE}' (the CUDA wheel); on ROCm, run in "
+    "a ROCm vLLM 0.33 image and install this plugin into it from its checkout "
+    f"or wheel: {PLUGIN_INSTALL}"
 )
 
 

@@ -60,6 +60,9 @@ from tests.reliability.covering import pairwise_rows
 from vllm_minimax_m3_kv.config.indexer_precision import (
     AITER_MSA_REQUIREMENT,
     AITER_REQUIREMENT,
+    FIX_NEEDS,
+    FIX_NOTE_SEPARATOR,
+    FIX_REMOVES,
 )
 
 AITER_SPA = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
@@ -586,16 +589,16 @@ def parse_fixes(message: str) -> list[dict[str, Any]]:
         return []
     fixes = []
     for line in message.split("Fix with one of:", 1)[1].strip().splitlines():
-        command = line.strip().rsplit("  (", 1)[0]
-        requires: list[str] = []
-        if command.startswith(REQUIRES_PREFIX):
-            needed, command = command[len(REQUIRES_PREFIX) :].split("]", 1)
-            requires = needed.split("; ")
-            command = command.strip()
-        without: list[str] = []
-        if command.startswith(WITHOUT_PREFIX):
-            dropped, command = command[len(WITHOUT_PREFIX) :].split("]", 1)
-            without = dropped.split()
+        # A shell line: variables and flags, then "# what it does; remove
+        # FLAG from the command; needs SOFTWARE".
+        command, _, comment = f" {line.strip()}".partition(" # ")
+        notes = comment.split(FIX_NOTE_SEPARATOR)[1:]
+        requires = [n.removeprefix(FIX_NEEDS) for n in notes if n.startswith(FIX_NEEDS)]
+        without = [
+            n.removeprefix(FIX_REMOVES).split()[0]
+            for n in notes
+            if n.startswith(FIX_REMOVES)
+        ]
         words = iter(shlex.split(command))
         env: dict[str, str] = {}
         flags: list[list[str]] = []
@@ -611,8 +614,6 @@ def parse_fixes(message: str) -> list[dict[str, Any]]:
     return fixes
 
 
-REQUIRES_PREFIX = "[requires: "
-WITHOUT_PREFIX = "[without: "
 # What a user installs for each requirement, as the stand-in applies it.
 INSTALLS = {
     AITER_REQUIREMENT: "msa",

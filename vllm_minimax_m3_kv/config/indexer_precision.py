@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import math
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -225,6 +226,11 @@ class Outcome(enum.Enum):
     ERROR = "error"
 
 
+# How a rendered fix line's comment lists what no flag sets.
+FIX_NOTE_SEPARATOR = "; "
+FIX_REMOVES = "remove "
+FIX_NEEDS = "needs "
+
 AITER_REQUIREMENT = "a ROCm vLLM image or build that ships aiter"
 AITER_MSA_REQUIREMENT = (
     "an aiter with the MSA kernels (aiter.ops.msa_block_select, "
@@ -245,11 +251,15 @@ class Fix:
     """Flags to remove from the command (a list flag cannot be set empty)."""
 
     def render(self) -> str:
-        parts = [f"[requires: {'; '.join(self.requires)}]"] if self.requires else []
-        parts += [f"[without: {' '.join(self.without)}]"] if self.without else []
-        parts += [f"{k}={v}" for k, v in self.env]
-        parts += [f"{flag} {value}" for flag, value in self.flags]
-        return f"{' '.join(parts)}  ({self.summary})"
+        """One line that pastes into a shell: the variables and flags, then
+        what they do (and what else to change) after ``#``."""
+        words = [f"{k}={shlex.quote(v)}" for k, v in self.env]
+        words += [f"{flag} {shlex.quote(value)}" for flag, value in self.flags]
+        notes = [self.summary]
+        notes += [f"{FIX_REMOVES}{flag} from the command" for flag in self.without]
+        notes += [f"{FIX_NEEDS}{requirement}" for requirement in self.requires]
+        comment = f"# {FIX_NOTE_SEPARATOR.join(notes)}"
+        return f"{' '.join(words)}  {comment}" if words else comment
 
     @property
     def env_map(self) -> Mapping[str, str]:
