@@ -479,8 +479,9 @@ def _describe(facts: PrecisionFacts) -> str:
 
 _MIXED_POOL = (
     "two precisions in one KV block pool make vLLM build a block zeroer that "
-    "its scheduler then drops (stale blocks can decode to NaN; pipeline "
-    "stages can disagree)"
+    "its scheduler then drops, and under pipeline parallelism the stages "
+    "disagree about zeroing (a stage without a zeroer fails the request: "
+    "vLLM PR #64472)"
 )
 
 
@@ -999,3 +1000,31 @@ def _decide_target(facts: PrecisionFacts) -> Verdict:
             return _accept_mixed(facts, verdict, resolved)
         return verdict
     return _uniform_indexer(facts)
+
+
+@dataclass(frozen=True)
+class StockPool:
+    """What stock vLLM 0.33 builds for the same facts, the plugin off."""
+
+    indexer_kv_dtype: str
+    uniform: bool
+
+
+def stock_pool(facts: PrecisionFacts) -> StockPool:
+    """Stock vLLM 0.33: ``auto`` is a bf16 index cache whatever the KV cache,
+    and an index cache is described by its own dtype with no quantization
+    mode, so beside any quantized main cache (fp8 ones included) vLLM counts
+    two precisions. Used by ``check`` to say what the plugin changes."""
+    indexer = (
+        STOCK_INDEXER_DEFAULT
+        if facts.indexer_kv_dtype == "auto"
+        else facts.indexer_kv_dtype
+    )
+    kinds = {facts.main_cache_precision}
+    if facts.unquantized_dense_layers:
+        kinds.add(facts.model_dtype)
+    if facts.draft_kv_cache_dtype is not None:
+        kinds.add(facts.draft_cache_precision)
+    if facts.layers.has_index_cache:
+        kinds.add(BF16 if indexer in BF16_INDEXER_DTYPES else f"{indexer} index cache")
+    return StockPool(indexer, len(kinds) == 1)
