@@ -37,6 +37,23 @@ COMMANDS: dict[str, list[str]] = {
         "mi355x",
         "/no/such/model",
     ],
+    "--version": [*CHECK, "--version"],
+    "check --kv-cache-dtype fp9 (typo)": [
+        *CHECK,
+        "check",
+        "--target",
+        "mi355x",
+        "--kv-cache-dtype",
+        "fp9",
+    ],
+    "check -tp 3 (does not divide the heads)": [
+        *CHECK,
+        "check",
+        "--target",
+        "mi355x",
+        "-tp",
+        "3",
+    ],
 }
 YARDSTICK = "import vllm.engine.arg_utils"
 FAST_ENOUGH = 0.2  # at most a fifth of the yardstick

@@ -40,6 +40,7 @@ MINIMAX_M3_ARCHITECTURES = (
 # Hardware the offline check can judge. AITER flags come from the environment.
 _TARGETS: dict[str, dict[str, Any]] = {
     "mi355x": {"name": "ROCm gfx950 (MI355X)", "vendor": "rocm", "rocm_gfx950": True},
+    "mi350x": {"name": "ROCm gfx950 (MI350X)", "vendor": "rocm", "rocm_gfx950": True},
     "mi325x": {"name": "ROCm gfx942 (MI325X)", "vendor": "rocm"},
     "mi300x": {"name": "ROCm gfx942 (MI300X)", "vendor": "rocm"},
     "b300": {
@@ -55,6 +56,7 @@ _TARGETS: dict[str, dict[str, Any]] = {
         "cuda_sm100_family": True,
     },
     "h200": {"name": "CUDA sm_90 (H200)", "vendor": "cuda", "cuda_supports_fp8": True},
+    "h100": {"name": "CUDA sm_90 (H100)", "vendor": "cuda", "cuda_supports_fp8": True},
     "a100": {"name": "CUDA sm_80 (A100)", "vendor": "cuda"},
 }
 TARGETS = tuple(_TARGETS)

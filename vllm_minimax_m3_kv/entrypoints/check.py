@@ -19,10 +19,14 @@ operator opted into. 2: refused at startup. 1: this command's usage errors.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import difflib
+import importlib.util
 import json
 import logging
 import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -32,7 +36,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from vllm_minimax_m3_kv import register
-from vllm_minimax_m3_kv._versions import SUPPORTED_VLLM_INSTALL, vllm_version_problem
+from vllm_minimax_m3_kv._versions import (
+    SUPPORTED_VLLM_INSTALL,
+    vllm_version_problem,
+)
 from vllm_minimax_m3_kv.config.facts import (
     TARGETS,
     is_minimax_m3,
@@ -45,6 +52,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     Outcome,
     PrecisionFacts,
     Verdict,
+    stock_pool,
 )
 
 EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3
@@ -54,6 +62,20 @@ ZEROER_HONOURED = (
     f"built and honoured on every worker and the scheduler ({ALLOW_MIXED_ENV}=1)"
 )
 ZEROER_REFUSED = "none: this configuration is refused at startup"
+ZEROER_STOCK = (
+    "built on every worker; the scheduler never asks it to zero (stock vLLM 0.33)"
+)
+PLUGIN_ENTRY_POINT = "minimax_m3_kv"
+"""The plugin's name in ``vllm.general_plugins``, as ``VLLM_PLUGINS`` lists it."""
+COMMANDS = ("check",)
+COMMON_GROUPS = (
+    "ModelConfig",
+    "CacheConfig",
+    "ParallelConfig",
+    "SchedulerConfig",
+    "AttentionConfig",
+    "VllmConfig",
+)
 
 
 def bundled_model_path() -> str:
@@ -71,11 +93,18 @@ DESCRIPTION = (
     "Preflight a MiniMax-M3 `vllm serve` command for KV precision, on any "
     "machine: no GPU, no weights, no network."
 )
-EPILOG = """\
+EPILOG = f"""\
 MODEL is a local checkpoint directory or a Hugging Face id already in the
 local cache (check never downloads); omitted, the bundled MiniMax-M3 config is
 judged. Every other flag is a `vllm serve` flag, parsed by vLLM's own parser:
---help=GROUP (e.g. --help=CacheConfig) or --help=all lists them (imports vLLM).
+--help=GROUP lists a group's flags, --help=WORD the flags whose name holds
+WORD, --help=all every flag (these import vLLM). Common groups:
+{", ".join(COMMON_GROUPS)}. The indexer's dtype is a field of
+--attention-config (in VllmConfig): --help=attention-config shows it, and
+--attention-config.indexer_kv_dtype fp8 sets it.
+
+With VLLM_PLUGINS set and minimax_m3_kv not in it, the plan is stock vLLM
+0.33's, as `vllm serve` would run it.
 
 exit codes: 0 starts with one precision; 3 starts with a mixed pool you opted
 into (VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1); 2 refused at startup (the reason and
@@ -91,6 +120,7 @@ def _add_own_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]
     return [
         group.add_argument(
             "--target",
+            type=str.lower,
             choices=TARGETS,
             # Required, but checked by hand: argparse would print "(default:
             # None)" in vLLM's help, and this way the message names them all.
@@ -136,7 +166,33 @@ def own_parser() -> argparse.ArgumentParser:
         metavar="GROUP",
         help="This help; --help=GROUP for `vllm serve` flags.",
     )
+    parser.add_argument(
+        "--version",
+        action="store_true",
+        help="The plugin's and the installed vLLM's versions.",
+    )
     return parser
+
+
+def versions_line() -> str:
+    """Both versions, from package metadata (vLLM is not imported)."""
+    from importlib import metadata
+
+    def version(name: str, missing: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return missing
+
+    plugin = version("vllm-minimax-m3-kv", "(uninstalled checkout)")
+    vllm = version("vllm", "not installed")
+    return f"vllm-minimax-m3-kv {plugin}; vLLM {vllm}"
+
+
+def plugin_excluded() -> bool:
+    """Whether ``VLLM_PLUGINS`` leaves this plugin out, as vLLM reads it."""
+    allowed = os.environ.get("VLLM_PLUGINS")
+    return allowed is not None and PLUGIN_ENTRY_POINT not in allowed.split(",")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,6 +232,90 @@ class _OwnArgs:
     target: str | None
     help: bool | str
     model: str | None
+    version: bool = False
+
+
+def _flag_value(rest: list[str], *names: str) -> str | None:
+    """The last value given for a flag, in any spelling vLLM's parser takes
+    (``--a-b v``, ``--a_b v``, ``--a-b=v``)."""
+    spellings = set(names)
+    spellings |= {"--" + n[2:].replace("-", "_") for n in names if n[:2] == "--"}
+    value = None
+    for index, word in enumerate(rest):
+        name, equals, given = word.partition("=")
+        if name in spellings:
+            if equals:
+                value = given
+            elif index + 1 < len(rest):
+                value = rest[index + 1]
+    return value
+
+
+def vllm_kv_cache_dtypes() -> tuple[str, ...] | None:
+    """``--kv-cache-dtype``'s choices, read from the installed vLLM's source
+    (``CacheDType`` in ``vllm/config/cache.py``) without importing it; None
+    when they cannot be read, and vLLM's own parser answers."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(next(iter(spec.submodule_search_locations)), "config", "cache.py")
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(getattr(t, "id", None) == "CacheDType" for t in node.targets)
+            and isinstance(node.value, ast.Subscript)
+            and isinstance(node.value.slice, ast.Tuple)
+        ):
+            return tuple(
+                e.value
+                for e in node.value.slice.elts
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            )
+    return None
+
+
+def _config_heads(model: str | None) -> int | None:
+    """The checkpoint's attention heads, from its config.json (no vLLM)."""
+    folder = Path(model) if model is not None else Path(bundled_model_path())
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    heads = config.get("text_config", config).get("num_attention_heads")
+    return heads if isinstance(heads, int) and heads > 0 else None
+
+
+def known_bad_flag(rest: list[str], model: str | None) -> str | None:
+    """A value of a flag the verdict reads that vLLM is known to refuse, with
+    the nearest valid value; None when vLLM's own parser should answer."""
+    kv = _flag_value(rest, "--kv-cache-dtype")
+    choices = vllm_kv_cache_dtypes()
+    if kv is not None and choices and kv not in choices:
+        nearest = difflib.get_close_matches(kv, choices, n=1, cutoff=0.5)
+        hint = f"did you mean {nearest[0]}? " if nearest else ""
+        return (
+            f"--kv-cache-dtype {kv!r} is not one vLLM takes; {hint}valid: "
+            f"{', '.join(choices)}"
+        )
+    tp = _flag_value(rest, "--tensor-parallel-size", "-tp")
+    heads = _config_heads(model)
+    if tp is not None and heads is not None:
+        try:
+            size = int(tp)
+        except ValueError:
+            return None  # vLLM's parser names the type
+        if size > 0 and heads % size:
+            valid = [n for n in range(1, heads + 1) if heads % n == 0]
+            return (
+                f"--tensor-parallel-size {size} does not divide this model's "
+                f"{heads} attention heads, which vLLM requires; valid sizes: "
+                f"{', '.join(map(str, valid))}"
+            )
+    return None
 
 
 def _model_argument(rest: list[str]) -> str | None:
@@ -214,7 +354,12 @@ def unreadable_model_message(model: str) -> str:
 def judge_without_vllm(argv: list[str]) -> _OwnArgs:
     """Everything check can answer before importing vLLM, or _UsageError."""
     own, rest = own_parser().parse_known_args(argv)
+    if own.version:
+        return _OwnArgs(None, False, None, version=True)
     if own.help is not False:
+        if own.help is not True and (problem := vllm_version_problem()) is not None:
+            # --help=GROUP is vLLM's own help: it needs vLLM.
+            raise _UsageError(f"--help={own.help}: {problem}. {SUPPORTED_VLLM_INSTALL}")
         return _OwnArgs(None, own.help, None)
     target = getattr(own, "target", None)
     if target is None:
@@ -232,7 +377,33 @@ def judge_without_vllm(argv: list[str]) -> _OwnArgs:
         raise _UsageError(unreadable_model_message(model))
     if (problem := vllm_version_problem()) is not None:
         raise _UsageError(f"{problem}. {SUPPORTED_VLLM_INSTALL}")
+    if (bad := known_bad_flag(rest, model)) is not None:
+        raise _UsageError(f"vLLM refuses these flags: {bad}")
     return _OwnArgs(target, False, model)
+
+
+def vllm_help(parser: argparse.ArgumentParser, keyword: str) -> str:
+    """vLLM's own ``--help=KEYWORD`` text, or _UsageError when nothing in
+    ``vllm serve`` matches it (vLLM itself prints a note and exits 0)."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    FlexibleArgumentParser._search_keyword = keyword.lower()
+    try:
+        text = parser.format_help()
+    finally:
+        FlexibleArgumentParser._search_keyword = None
+    if "No group or arguments matching" in text:
+        raise _UsageError(
+            f"--help={keyword}: no `vllm serve` flag group or flag matches it; "
+            f"groups include {', '.join(COMMON_GROUPS)} (--help=all lists every flag)"
+        )
+    if keyword.lower() == "attentionconfig":
+        text += (
+            "\nThe indexer's dtype is a field of --attention-config (VllmConfig "
+            "group): --help=attention-config shows it; set it with "
+            "--attention-config.indexer_kv_dtype fp8.\n"
+        )
+    return text
 
 
 @contextlib.contextmanager
@@ -285,9 +456,12 @@ class Plan:
     outcome: str
     message: str
     notes: list[str]
+    plugin: str = "on"
+    executor_note: str = ""
 
     def render(self) -> str:
-        rows = [
+        rows = [("plugin", self.plugin)] if self.plugin != "on" else []
+        rows += [
             ("architecture", self.architecture),
             ("target", self.target),
             ("main KV dtype", self.kv_cache_dtype),
@@ -309,6 +483,8 @@ class Plan:
                 f"(stock vLLM 0.33: {self.stock_bytes_per_token_total:,} bytes/token)",
             ),
         ]
+        if self.executor_note:
+            rows.append(("executor backend", self.executor_note))
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -341,11 +517,15 @@ def plan_for(args: argparse.Namespace) -> Plan:
             f"{model_config.architecture} is not a MiniMax-M3 architecture; "
             "this check only judges MiniMax-M3."
         )
-    # Judged by the plugin's own hook, whatever VLLM_PLUGINS says.
+    executor_note = _without_ray_if_absent(engine_args)
+    # The facts come from the plugin's hook inside vLLM's own validation,
+    # whatever VLLM_PLUGINS says; with the plugin left out, stock's plan.
     register()
     facts, verdict = _judge_like_vllm_serve(
         engine_args, args.target, quiet=not args.verbose
     )
+    if plugin_excluded():
+        return _stock_plan(model_config, facts, args.target, executor_note)
     resolved = verdict.indexer_kv_dtype
     tp = facts.tensor_parallel_size
     sizes = {
@@ -384,6 +564,59 @@ def plan_for(args: argparse.Namespace) -> Plan:
         outcome=verdict.outcome.value,
         message=verdict.message,
         notes=list(verdict.notes),
+        executor_note=executor_note,
+    )
+
+
+def _without_ray_if_absent(engine_args: Any) -> str:
+    """The KV pool does not depend on the executor backend, so a Ray layout
+    is judged on a machine without Ray; the plan says so."""
+    if engine_args.distributed_executor_backend != "ray":
+        return ""
+    if importlib.util.find_spec("ray") is not None:
+        return "ray"
+    engine_args.distributed_executor_backend = "mp"
+    return "ray (not installed here, not imported: the KV pool does not depend on it)"
+
+
+def _stock_plan(
+    model_config: Any, facts: PrecisionFacts, target: str, executor_note: str
+) -> Plan:
+    """What ``vllm serve`` runs with this plugin left out by VLLM_PLUGINS."""
+    from vllm_minimax_m3_kv.config.kv_bytes import kv_bytes_per_token
+
+    stock = stock_pool(facts)
+    sizes = kv_bytes_per_token(
+        model_config=model_config,
+        kv_cache_dtype=facts.kv_cache_dtype,
+        tensor_parallel_size=facts.tensor_parallel_size,
+        unquantized_layers=len(facts.unquantized_dense_layers),
+        indexer_kv_dtype=stock.indexer_kv_dtype,
+    )
+    return Plan(
+        architecture=model_config.architecture,
+        target=f"{target} ({target_platform_facts(target).name})",
+        kv_cache_dtype=facts.kv_cache_dtype,
+        indexer_kv_dtype=stock.indexer_kv_dtype,
+        indexer_inherited=False,
+        uniform_precision=stock.uniform,
+        kv_block_zeroer=ZEROER_NOT_BUILT if stock.uniform else ZEROER_STOCK,
+        tensor_parallel_size=facts.tensor_parallel_size,
+        bytes_per_token_main=sizes.main,
+        bytes_per_token_indexer=sizes.indexer,
+        bytes_per_token_total=sizes.total,
+        stock_bytes_per_token_total=sizes.total,
+        token_capacity_vs_stock=1.0,
+        outcome=(Outcome.UNCHANGED if stock.uniform else Outcome.MIXED).value,
+        message=(
+            "stock vLLM 0.33 runs a mixed KV pool here: vllm-minimax-m3-kv is "
+            f"off (VLLM_PLUGINS={shlex.quote(os.environ.get('VLLM_PLUGINS', ''))})"
+        ),
+        notes=[],
+        plugin=(
+            "off: VLLM_PLUGINS leaves out minimax_m3_kv; this is stock vLLM 0.33's plan"
+        ),
+        executor_note=executor_note,
     )
 
 
@@ -497,15 +730,21 @@ def main(argv: list[str] | None = None) -> int:
     # stdout is the plan (or its JSON); vLLM's own logs, shown with
     # --verbose, go to stderr.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    if argv[:1] == ["check"]:
-        argv = argv[1:]
     try:
+        argv = _without_command(argv)
         early = judge_without_vllm(argv)
+        if early.version:
+            print(versions_line())
+            return EXIT_OK
         if early.help is True:
             print(own_parser().format_help(), end="")
             return EXIT_OK
         with _quiet_stderr(VERBOSE_FLAG not in argv):
-            args = build_parser().parse_args(argv)
+            parser = build_parser()
+            if early.help is not False:
+                print(vllm_help(parser, str(early.help)), end="")
+                return EXIT_OK
+            args = parser.parse_args(argv)
             plan = plan_for(args)
     except _UsageError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
@@ -521,6 +760,24 @@ def main(argv: list[str] | None = None) -> int:
     for note in plan.notes:
         print(f"warning: {note}", file=sys.stderr)
     return plan.exit_code
+
+
+def _without_command(argv: list[str]) -> list[str]:
+    """``vllm-minimax-m3-kv [check] ...``: drop the command; a first word that
+    is neither a command nor a model path is a mistyped command."""
+    if not argv or argv[0].startswith("-"):
+        return argv
+    first = argv[0]
+    if first in COMMANDS:
+        return argv[1:]
+    if "/" not in first and not Path(first).exists():
+        nearest = difflib.get_close_matches(first, COMMANDS, n=1)
+        hint = f" (did you mean {nearest[0]}?)" if nearest else ""
+        raise _UsageError(
+            f"unknown command {first!r}{hint}; commands: {', '.join(COMMANDS)} "
+            "(vllm-minimax-m3-kv check --help), or --version"
+        )
+    return argv
 
 
 def entry() -> None:

@@ -1,0 +1,69 @@
+"""Child for ``test_check_front.py``: check's early answers against vLLM's own.
+
+``python -m tests.entrypoints.early_answers`` prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+TYPOS = ["fp9", "FP8", "fp8-e4m3", "int8", "bf16", "auto2", "fp4", ""]
+
+
+def main() -> None:
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    from vllm.config import CacheConfig, ParallelConfig
+    from vllm.config.cache import KV_CACHE_DTYPES
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_minimax_m3_kv.entrypoints.check import bundled_model_path, known_bad_flag
+
+    def vllm_parses(value: str) -> bool:
+        """vLLM's own validation of the value (CacheConfig's pydantic type)."""
+        try:
+            CacheConfig(cache_dtype=value)
+        except ValueError:
+            return False
+        return True
+
+    model = bundled_model_path()
+    model_config = EngineArgs(
+        model=model, skip_tokenizer_init=True
+    ).create_model_config()
+    tp_disagreements = []
+    sizes = [*range(1, 17), 24, 32, 48, 64, 96, 128]
+    for size in sizes:
+        try:
+            model_config.verify_with_parallel_config(
+                ParallelConfig(tensor_parallel_size=size)
+            )
+            vllm_ok = True
+        except ValueError as error:
+            vllm_ok = "attention heads" not in str(error)
+        early_ok = known_bad_flag(["--tensor-parallel-size", str(size)], model) is None
+        if vllm_ok != early_ok:
+            tp_disagreements.append(size)
+    print(
+        json.dumps(
+            {
+                "kv_accepted_by_vllm_rejected_early": [
+                    v
+                    for v in KV_CACHE_DTYPES
+                    if vllm_parses(v) and known_bad_flag(["--kv-cache-dtype", v], None)
+                ],
+                "kv_typos_accepted_by_either": [
+                    v
+                    for v in TYPOS
+                    if vllm_parses(v)
+                    or known_bad_flag(["--kv-cache-dtype", v], None) is None
+                ],
+                "tp_disagreements": tp_disagreements,
+                "tp_checked": len(sizes),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

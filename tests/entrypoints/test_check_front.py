@@ -1,0 +1,187 @@
+"""What a new user hits first with ``check``: the off switch, target names,
+mistyped commands and flags, ``--version``, help groups, a Ray layout on a
+machine without Ray, and a machine without vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from sim.process import json_from_stdout
+from tests.entrypoints.test_check import (
+    AITER_ON,
+    _python_without_vllm,
+    _without_importing_vllm,
+    run_checks,
+    run_cli,
+)
+
+RECIPE = ["--kv-cache-dtype", "fp8", "--block-size", "128", "-tp", "8"]
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return run_checks(
+        [
+            {
+                "argv": ["--target", "mi355x", *RECIPE],
+                "env": {**AITER_ON, "VLLM_PLUGINS": ""},
+            },
+            {
+                "argv": ["--target", "mi355x", *RECIPE],
+                "env": {**AITER_ON, "VLLM_PLUGINS": "lora_filesystem_resolver"},
+            },
+            {
+                "argv": ["--target", "mi355x", *RECIPE],
+                "env": {**AITER_ON, "VLLM_PLUGINS": "minimax_m3_kv"},
+            },
+            {"argv": ["--target", "MI350X", *RECIPE], "env": AITER_ON},
+            {"argv": ["--target", "h100", *RECIPE]},
+            {
+                "argv": ["--target", "mi355x", "--kv-cache-dtype", "auto"],
+                "env": {"VLLM_PLUGINS": ""},
+            },
+            {
+                "argv": [
+                    "--target",
+                    "mi355x",
+                    "--kv-cache-dtype",
+                    "fp8",
+                    "-tp",
+                    "4",
+                    "--pipeline-parallel-size",
+                    "2",
+                    "--distributed-executor-backend",
+                    "ray",
+                ],
+                "env": AITER_ON,
+            },
+        ]
+    )
+
+
+def test_with_the_plugin_left_out_check_describes_stock_vllm(plans):
+    for off in plans[:2]:
+        assert off["exit"] == 3, off["stderr"]  # stock starts it, mixed
+        plan = off["plan"]
+        assert plan["plugin"].startswith("off: VLLM_PLUGINS leaves out minimax_m3_kv")
+        assert plan["indexer_kv_dtype"] == "bf16" and not plan["indexer_inherited"]
+        assert not plan["uniform_precision"]
+        assert plan["kv_block_zeroer"].startswith("built on every worker")
+        assert plan["token_capacity_vs_stock"] == 1.0
+        assert plan["bytes_per_token_total"] == 29952
+    on = plans[2]  # listed by name: loaded, as vllm serve would
+    assert on["exit"] == 0 and on["plan"]["indexer_inherited"]
+    assert on["plan"]["plugin"] == "on"
+    # Both caches bf16 is one precision for stock too.
+    bf16 = plans[5]
+    assert bf16["exit"] == 0 and bf16["plan"]["uniform_precision"]
+
+
+def test_every_gpu_in_the_support_table_is_a_target_in_any_case(plans):
+    mi350x, h100 = plans[3], plans[4]
+    assert mi350x["exit"] == 0 and "ROCm gfx950 (MI350X)" in mi350x["plan"]["target"]
+    assert h100["exit"] == 0 and "CUDA sm_90 (H100)" in h100["plan"]["target"]
+    assert h100["plan"]["indexer_inherited"]
+
+
+def test_an_unknown_target_lists_the_valid_names():
+    result = _without_importing_vllm("--target", "mi400x")
+    assert result["exit"] == 1 and not result["vllm"]
+    line = result["stderr"].strip()
+    for name in ("mi355x", "mi350x", "mi300x", "b300", "h100", "a100"):
+        assert name in line, line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray installed")
+def test_a_ray_layout_is_judged_without_ray(plans):
+    ray = plans[6]
+    assert ray["exit"] == 0, ray["stderr"]
+    assert ray["plan"]["uniform_precision"]
+    assert ray["plan"]["executor_note"].startswith(
+        "ray (not installed here, not imported"
+    )
+
+
+def test_a_mistyped_command_says_so_and_version_needs_no_vllm():
+    typo = _without_importing_vllm("chek", "--target", "mi355x")
+    assert typo["exit"] == 1 and not typo["vllm"]
+    assert (
+        "unknown command 'chek' (did you mean check?); commands: check"
+        in (typo["stderr"])
+    )
+    version = _without_importing_vllm("--version")
+    assert version["exit"] == 0 and not version["vllm"] and not version["torch"]
+    assert version["stdout"].startswith("vllm-minimax-m3-kv ")
+    assert "; vLLM 0.33" in version["stdout"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ("--target", "mi355x", "--kv-cache-dtype", "fp9"),
+            "--kv-cache-dtype 'fp9' is not one vLLM takes; did you mean fp8?",
+        ),
+        (
+            ("--target", "b300", "--tensor-parallel-size", "3"),
+            "--tensor-parallel-size 3 does not divide this model's 64 attention heads"
+            ", which vLLM requires; valid sizes: 1, 2, 4, 8, 16, 32, 64",
+        ),
+        (("--target", "b300", "--tensor_parallel_size=6"), "valid sizes: 1, 2, 4, 8"),
+    ],
+)
+def test_known_bad_flag_values_are_answered_before_importing_vllm(argv, says):
+    result = _without_importing_vllm(*argv)
+    assert result["exit"] == 1 and not result["vllm"], result
+    assert says in result["stderr"] and len(result["stderr"].splitlines()) == 1
+
+
+def test_the_early_answers_agree_with_vllms_own_validation():
+    """Every KV dtype vLLM takes passes the early check, typos fail both, and
+    each TP size passes it exactly when vLLM's ModelConfig accepts it."""
+    answers = json_from_stdout(["-m", "tests.entrypoints.early_answers"])
+    assert answers["kv_accepted_by_vllm_rejected_early"] == []
+    assert answers["kv_typos_accepted_by_either"] == []
+    assert answers["tp_disagreements"] == []
+    assert answers["tp_checked"] >= 16
+
+
+def test_help_names_the_groups_and_where_the_indexer_dtype_is():
+    proc, _ = run_cli("--help")
+    assert "Common groups:" in proc.stdout and "CacheConfig" in proc.stdout
+    assert "--help=attention-config" in proc.stdout
+    attention, _ = run_cli("--help=AttentionConfig")
+    assert attention.returncode == 0
+    assert "--attention-config.indexer_kv_dtype fp8" in attention.stdout
+    nothing, _ = run_cli("--help=NoSuchGroup")
+    assert nothing.returncode == 1 and nothing.stdout == ""
+    assert "--help=NoSuchGroup: no `vllm serve` flag group or flag matches" in (
+        nothing.stderr
+    )
+
+
+def test_without_vllm_every_answer_is_one_line_with_a_working_install():
+    python = _python_without_vllm()
+    for argv in (("--target", "mi355x"), ("--help=CacheConfig",)):
+        result = _without_importing_vllm(*argv, python=python)
+        assert result["exit"] == 1, result
+        lines = result["stderr"].strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result["stderr"], result
+        assert "vLLM is not installed" in lines[0]
+        assert "pip install 'vllm>=0.33,<0.34'" in lines[0]
+        assert "pip install --no-deps /path/to/vllm-minimax-m3-kv" in lines[0]
+
+
+def test_no_advice_names_an_install_from_the_package_index(tmp_path):
+    """The package is not on the index: `pip install vllm-minimax-m3-kv` (with
+    or without a version) cannot work, so nothing may advise it."""
+    from tests.test_docs import DOCS, PACKAGE
+
+    texts = [p.read_text() for p in (*DOCS, *PACKAGE.rglob("*.py"))]
+    for text in texts:
+        assert "install --no-deps vllm-minimax-m3-kv" not in text
+        assert "pip install vllm-minimax-m3-kv" not in text
+    json.dumps(texts)  # every file was read as text
