@@ -200,6 +200,18 @@ def test_every_fix_line_pastes_into_bash(tmp_path):
         assert proc.returncode == 0, (line, proc.stderr)
 
 
+def test_reliability_figures_are_the_codes():
+    """The KV dtype count, the matrix sizes and the table's total in
+    docs/reliability.md are what the code defines today."""
+    counts = json_from_stdout(["-m", "tests.reliability.counts"])
+    text = _normal((REPO / "docs" / "reliability.md").read_text())
+    assert f"`KV_CACHE_DTYPES` ({counts['kv_cache_dtypes']} in vLLM 0.33" in text
+    assert f"Quick is {counts['quick']:,} cells, full {counts['full']:,}" in text
+    total = re.search(r"\| total \| ([\d,]+) \|", text)
+    table_total = int(total.group(1).replace(",", "")) if total else None
+    assert table_total == counts["full"] + counts["partial_install"], total
+
+
 def test_readme_is_one_page():
     assert len((REPO / "README.md").read_text().splitlines()) <= 150
 
