@@ -74,10 +74,10 @@ def _source_lacks(module: str, *needles: str) -> str | None:
 
 # -- MiniMax-M3 config hook ---------------------------------------------------
 
-# What upstream/ adds to vLLM's MiniMax-M3 config entry: PR 1 the hook class
-# (auto follows fp8, warns on a mixed pool), PR 2 its refusal of a mixed pool.
+# What upstream/ PR 1 adds to vLLM's MiniMax-M3 config entries: the hook class
+# that lets "auto" follow an fp8 KV cache. vLLM refuses nothing there, so the
+# plugin's stricter hook stays, stacked after it.
 NATIVE_HOOK_CLASS = "MiniMaxM3SparseForCausalLMConfig"
-NATIVE_REFUSAL = "would hold two precisions in one"
 
 
 def native_hook_in_vllm() -> str | None:
@@ -85,17 +85,6 @@ def native_hook_in_vllm() -> str | None:
     if _source_lacks(MODELS_CONFIG_MODULE, f"class {NATIVE_HOOK_CLASS}"):
         return None
     return f"{MODELS_CONFIG_MODULE}.{NATIVE_HOOK_CLASS}"
-
-
-def native_decision_in_vllm() -> str | None:
-    """vLLM refuses a mixed MiniMax-M3 pool itself (upstream PR 2): the
-    plugin's hook has nothing left to add. After PR 1 alone it still does:
-    vLLM only warns where the plugin refuses."""
-    if native_hook_in_vllm() is None or _source_lacks(
-        MODELS_CONFIG_MODULE, NATIVE_REFUSAL
-    ):
-        return None
-    return f"{NATIVE_HOOK_CLASS}, which refuses a mixed pool"
 
 
 def _detect_config_hook() -> str | None:
@@ -138,7 +127,7 @@ def _detect_indexer_cache() -> str | None:
 
 
 def _native_indexer_cache() -> str | None:
-    # Upstream PR 1's get_kv_cache_spec asks get_kv_quant_mode for the main
+    # Upstream PR 2's get_kv_cache_spec asks get_kv_quant_mode for the main
     # cache's description; stock 0.33's indexer module never calls it.
     if _vllm_file(INDEXER_MODULE) is None or _source_lacks(
         INDEXER_MODULE, "get_kv_quant_mode("
@@ -254,17 +243,18 @@ PATCHES: tuple[Patch, ...] = (
         upstream=(
             "Model-side alternative to vllm-project/vllm#64472 (scheduler keeps "
             "the zeroing decision, PP stages agree); builds on #54466 and #47287. "
-            "Proposed natively in upstream/: PR 1 (auto follows fp8, warns on "
-            "a mixed pool) and the optional PR 2 (refuses it), in MiniMax-M3's "
-            "own VerifyAndUpdateConfig entry."
+            "The default is proposed natively in upstream/ PR 1 (auto follows "
+            "fp8 where an fp8 indexer runs, in MiniMax-M3's VerifyAndUpdateConfig "
+            "entry); the refusals stay here: vLLM's defaults should not refuse "
+            "what starts today."
         ),
         remove_when=(
-            "vLLM resolves MiniMax-M3's indexer dtype from --kv-cache-dtype and "
-            "validates the pair at config time."
+            "vLLM resolves MiniMax-M3's indexer dtype from --kv-cache-dtype (PR "
+            "1) and vLLM PR #64472 zeroes mixed pools correctly, if the strict "
+            "config-time refusals are no longer wanted."
         ),
         detect=_detect_config_hook,
         apply=_apply_config_hook,
-        superseded=native_decision_in_vllm,
     ),
     Patch(
         name="minimax_m3_indexer_cache_storage",
@@ -281,9 +271,9 @@ PATCHES: tuple[Patch, ...] = (
             "float8_e4m3fn. Same bytes, same page size, same kernel input."
         ),
         upstream=(
-            "Awaits an upstream fix, proposed in upstream/ (PR 1); #64472 "
-            "instead keeps zeroing on for mixed pools rather than making this "
-            "pool uniform."
+            "Awaits an upstream fix, proposed in upstream/ (PR 2, on top of PR "
+            "1); #64472 instead keeps zeroing on for mixed pools rather than "
+            "making this pool uniform."
         ),
         remove_when=(
             "vLLM describes fp8 e4m3 caches one way, or compares storage bytes "

@@ -5,11 +5,12 @@ cache (``is_fp8_cell``), plus each validator rule's witness slice
 (``RULE_WITNESSES``), so every rule of the plugin is exercised. Each cell ends
 in one :func:`~tests.reliability.matrix.outcome_class` (config error, uniform
 with which indexer dtype, mixed, or how it failed). Two series are compared
-with the plugin: PR 1 alone (``pr1``: non-breaking, so it differs by design
-wherever the plugin refuses) and PR 1 + PR 2 (``strict``: refuses as the
-plugin does). The runs must agree cell by cell, except where a declared
-difference below says how and why; wherever the plugin starts a uniform pool,
-both series must start the same one.
+with the plugin: PR 1 alone (``pr1``: the fp8 default, with 0.33's
+description of the cache) and PR 1 + PR 2 (``pr1_pr2``: the description too).
+Neither refuses anything, so both differ by design wherever the plugin
+refuses. The runs must agree cell by cell, except where a declared difference
+below says how and why; wherever the plugin starts a uniform pool, PR 1 + PR 2
+must start the same one, and PR 1 the same indexer dtype.
 
 ``python -m tests.upstream.equivalence --platform P --out F`` runs one
 platform's cells in this process, with whatever vLLM ``PYTHONPATH`` gives it:
@@ -69,8 +70,9 @@ EXCLUDED_CELLS = {
 """Matrix cell kinds the equivalence run leaves out, and why."""
 
 
-SERIES = ("pr1", "strict")
-"""``pr1``: upstream PR 1 alone. ``strict``: PR 1 and PR 2."""
+SERIES = ("pr1", "pr1_pr2")
+"""``pr1``: upstream PR 1 alone (the default). ``pr1_pr2``: with PR 2 (the
+description) on top."""
 
 
 @dataclass(frozen=True)
@@ -97,41 +99,61 @@ AS_IN_VLLM_0_33 = FAILS_AT_MODEL_BUILD | {"zeroing_needed"}
 """How a pool vLLM 0.33 is let build ends: mixed and needing zeroing, or the
 model-build error stock vLLM gives (e.g. an fp8 indexer where none runs)."""
 
+BOTH = ("pr1", "pr1_pr2")
+
 DECLARED_DIFFERENCES = (
     DeclaredDifference(
-        "pr1_non_breaking",
-        "PR 1 changes nothing that starts today: where the plugin refuses a "
-        "pairing at config time, PR 1 logs a warning and lets vLLM run it as "
-        "0.33 does. Refusing those pools is PR 2's job, optional because vLLM "
-        "PR #64472 makes mixed pools zero correctly in core instead.",
+        "non_breaking",
+        "Neither PR adds an error: where the plugin refuses a pairing at "
+        "config time, vLLM runs it as 0.33 does (a mixed pool, which vLLM PR "
+        "#64472 zeroes correctly in core, or vLLM's own model-build error). "
+        "Refusing those is the plugin's strict validator's job, not a default "
+        "vLLM should take.",
         lambda cell: True,
         plugin=frozenset({"config_error"}),
-        upstream={"pr1": AS_IN_VLLM_0_33},
+        upstream=dict.fromkeys(BOTH, AS_IN_VLLM_0_33),
     ),
     DeclaredDifference(
-        "model_build_refuses_it",
-        "PR 2 refuses only a pool of two precisions. A pairing of one precision "
-        "that cannot run here (an explicit fp8 index cache where no fp8 indexer "
-        "runs, an mxfp4 one, indexer CP with fp8) passes config and stops at "
-        "model build with vLLM's own error, as in 0.33; the plugin names the "
-        "fix at config time instead.",
+        "indexer_cp_left_alone",
+        "With indexer CP requested on ROCm, the plugin lets 'auto' follow an "
+        "fp8 KV cache (the AITER MSA CP indexer). PR 1 leaves CP's index cache "
+        "dtype alone, so an explicit CP user keeps the bf16 Triton CP indexer "
+        "they run today: the pool stays as in 0.33.",
+        lambda cell: cell.indexer_cp and not cell.platform.startswith("sm"),
+        plugin=frozenset({"uniform/indexer=fp8"}),
+        upstream=dict.fromkeys(BOTH, frozenset({"zeroing_needed"})),
+    ),
+    DeclaredDifference(
+        "pr1_keeps_the_stock_description",
+        "PR 1 gives the index cache fp8 where the plugin does, but describes it "
+        "as 0.33 does, (float8_e4m3fn, NONE) beside the main cache's (uint8, "
+        "FP8_PER_TENSOR): vLLM still counts two precisions and zeroes new "
+        "blocks. PR 2 describes it like the main cache.",
         lambda cell: True,
-        plugin=frozenset({"config_error"}),
-        upstream={"strict": FAILS_AT_MODEL_BUILD},
+        plugin=frozenset({"uniform/indexer=fp8", "uniform/indexer=fp8_e4m3"}),
+        upstream={"pr1": frozenset({"zeroing_needed"})},
+    ),
+    DeclaredDifference(
+        "no_index_cache",
+        "A checkpoint with no sparse layer and no MTP drafter builds no index "
+        "cache. The plugin then leaves 'auto' as it is; PR 1's hook does not "
+        "look for sparse layers (fewer lines) and sets the dtype no cache "
+        "uses. The pool is the same.",
+        lambda cell: not cell.has_index_cache,
+        plugin=frozenset({"uniform/indexer=auto"}),
+        upstream=dict.fromkeys(BOTH, frozenset({"uniform/indexer=fp8"})),
     ),
     DeclaredDifference(
         "drafter_kv_dtype",
         "A draft model's own speculative_config.kv_cache_dtype is not "
         "MiniMax-specific and neither PR judges it: a drafter cache of another "
-        "precision stays mixed (as in 0.33), and fp8_e5m2 beside fp8_e4m3 is "
-        "described alike (uint8, FP8_PER_TENSOR), so vLLM's planner sees one "
-        "precision where the plugin refuses two fp8 formats.",
+        "precision stays as in 0.33, and fp8_e5m2 beside fp8_e4m3 is described "
+        "alike (uint8, FP8_PER_TENSOR), so vLLM's planner sees one precision "
+        "where the plugin refuses two fp8 formats.",
         lambda cell: cell.draft_kv_cache_dtype is not None,
         plugin=frozenset({"config_error"}),
-        upstream={
-            "pr1": frozenset({"uniform/*"}),
-            "strict": frozenset({"uniform/*", "zeroing_needed"}),
-        },
+        # PR 1 alone leaves those pools mixed (non_breaking covers them).
+        upstream={"pr1_pr2": frozenset({"uniform/*"})},
     ),
     DeclaredDifference(
         "indexer_cp_off_cuda",
@@ -141,29 +163,18 @@ DECLARED_DIFFERENCES = (
         "peer buffers), so the patched run shows the pool that build makes.",
         lambda cell: cell.indexer_cp and cell.platform.startswith("sm"),
         plugin=frozenset({"config_error"}),
-        upstream={"pr1": frozenset({"uniform/*"}), "strict": frozenset({"uniform/*"})},
-    ),
-    DeclaredDifference(
-        "skip_layers_without_index_cache",
-        "A MiniMax-M3 checkpoint with no sparse layer and no MTP drafter has no "
-        "index cache; a pool mixed only by --kv-cache-dtype-skip-layers is then "
-        "vLLM's general case (any model), which #64472 fixes in core. The "
-        "plugin judges every MiniMax-M3 pool; PR 2 judges pools with index "
-        "caches.",
-        lambda cell: not cell.has_index_cache,
-        plugin=frozenset({"config_error", "mixed"}),
-        upstream={"strict": frozenset({"zeroing_needed"})},
+        # With PR 1 alone that pool is mixed: non_breaking covers it.
+        upstream={"pr1_pr2": frozenset({"uniform/*"})},
     ),
     DeclaredDifference(
         "mixed_pool_opt_in",
         "VLLM_MINIMAX_M3_KV_ALLOW_MIXED starts a mixed pool only because the "
         "plugin's zeroing patch (mirroring vLLM PR #64472) makes every worker "
-        "and the scheduler zero new blocks. Without #64472 in vLLM a mixed "
-        "pool is unsafe: PR 2 refuses every mixed pairing, PR 1 leaves it "
-        "mixed with the scheduler's zeroing dropped, as in 0.33.",
+        "and the scheduler zero new blocks. The PRs leave such a pool as 0.33 "
+        "does: mixed, zeroed correctly once #64472 is in vLLM.",
         lambda cell: cell.allow_mixed,
         plugin=frozenset({"mixed", "simulation_limit"}),
-        upstream={"pr1": AS_IN_VLLM_0_33, "strict": frozenset({"config_error"})},
+        upstream=dict.fromkeys(BOTH, AS_IN_VLLM_0_33),
     ),
     DeclaredDifference(
         "aiter_without_msa_kernels",
@@ -176,10 +187,7 @@ DECLARED_DIFFERENCES = (
         "a mixed pool, keeps the bf16 indexer instead).",
         lambda cell: cell.aiter_state == "no_msa",
         plugin=frozenset({"config_error", "mixed"}),
-        upstream={
-            "pr1": frozenset({"msa_kernels_missing"}),
-            "strict": frozenset({"msa_kernels_missing"}),
-        },
+        upstream=dict.fromkeys(BOTH, frozenset({"msa_kernels_missing"})),
         full_size_only=True,
     ),
 )

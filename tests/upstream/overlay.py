@@ -119,12 +119,37 @@ def _link_tree(installed: Path, patched: Path, into: Path) -> None:
             shutil.copyfile(entry, into / name)
 
 
+VLLM_TEST_FIXTURES = '''"""What vLLM's tests/conftest.py gives the patches' tests (the wheel has no
+tests/): caplog_vllm, vLLM's logs made visible to pytest's caplog."""
+
+import logging
+
+import pytest
+
+
+@pytest.fixture
+def caplog_vllm(monkeypatch, caplog):
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    monkeypatch.setitem(DEFAULT_LOGGING_CONFIG["loggers"]["vllm"], "propagate", True)
+    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)
+    with caplog.at_level(logging.INFO):
+        yield caplog
+'''
+"""The patches' tests run outside vLLM's source tree (as its CI runs them
+against an install), so the one fixture of vLLM's ``tests/conftest.py`` they
+use is given here, doing what vLLM's does."""
+
+
 def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
     """Apply ``patches`` in order in ``workdir`` and assemble the overlay there."""
     vllm_root = installed_vllm()
     tree = workdir / "patched"
     tree.mkdir(parents=True)
     _apply(patches, tree, vllm_root)
+    conftest = tree / "tests" / "conftest.py"
+    if (tree / "tests").is_dir() and not conftest.exists():
+        conftest.write_text(VLLM_TEST_FIXTURES)
     root = workdir / "overlay"
     _link_tree(vllm_root, tree / "vllm", root / "vllm")
     patched = tuple(

@@ -30,7 +30,7 @@ PLATFORMS_BY_SERIES = {
         "full": tuple(PLATFORMS),
         "quick": ("mi355x-aiter-spa", "mi355x", "sm100"),
     },
-    "strict": {
+    "pr1_pr2": {
         "full": ("mi355x-aiter-spa", "mi355x-aiter-no-msa", "mi300x", "sm100"),
         "quick": ("mi355x-aiter-spa", "sm100"),
     },
@@ -109,15 +109,15 @@ def main() -> None:
                 size=options.size,
                 workers=options.workers,
             ),
-            "strict": run_patched(
-                overlay.build(Path(workdir) / "strict", overlay.PATCHES),
-                PLATFORMS_BY_SERIES["strict"][options.size],
+            "pr1_pr2": run_patched(
+                overlay.build(Path(workdir) / "pr1_pr2", overlay.PATCHES),
+                PLATFORMS_BY_SERIES["pr1_pr2"][options.size],
                 size=options.size,
                 workers=options.workers,
             ),
         }
     plugin = run_matrix(options.size, options.workers)
-    for series, title in (("pr1", "PR 1 alone"), ("strict", "PR 1 + PR 2")):
+    for series, title in (("pr1", "PR 1 alone"), ("pr1_pr2", "PR 1 + PR 2")):
         comparisons = {
             platform: equivalence.compare(
                 platform, plugin[platform]["plugin"], run, series, options.size

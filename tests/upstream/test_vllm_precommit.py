@@ -9,7 +9,7 @@ import pytest
 
 from tests.upstream import overlay, precommit
 
-SERIES = {"pr1": overlay.PR1, "strict": overlay.PATCHES}
+SERIES = {"pr1": overlay.PR1, "pr1_pr2": overlay.PATCHES}
 
 
 @pytest.mark.parametrize("series", list(SERIES))
@@ -28,7 +28,9 @@ def test_the_hooks_catch_an_untethered_test_and_a_forbidden_import(tmp_path):
     tree = precommit.patched_tree(tmp_path, overlay.PR1, exclude=(".buildkite/*",))
     test_file = "tests/models/minimax_m3/test_index_cache_dtype.py"
     path = tree / test_file
-    path.write_text(path.read_text().replace("import itertools\n", "import re\n", 1))
+    path.write_text(
+        path.read_text().replace("import pytest\n", "import re\n\nimport pytest\n", 1)
+    )
     results = precommit.run_hooks(
         tree, [test_file], ("check-test-tethering", "check-forbidden-imports")
     )

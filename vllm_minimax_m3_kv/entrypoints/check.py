@@ -659,16 +659,15 @@ def _judge_like_vllm_serve(
 
 @contextlib.contextmanager
 def _native_decision_stands_aside() -> Iterator[None]:
-    """On a vLLM that carries the upstream fix (``upstream/``), its own
+    """On a vLLM that carries upstream PR 1 (``upstream/``), its own
     MiniMax-M3 hook would judge this CPU rather than the target. For this one
-    offline validation it stands aside and the plugin's hook, which wraps
-    vLLM's entry, judges for the target under ``judging_for`` as on stock
-    vLLM; the rest of vLLM's validation runs as usual. Restored on exit;
-    never used when serving."""
+    offline validation it stands aside, and the plugin's hook, which wraps
+    vLLM's entry and runs after it, judges for the target under
+    ``judging_for`` as on stock vLLM; the rest of vLLM's validation runs as
+    usual. Restored on exit; never used when serving."""
     from vllm_minimax_m3_kv.patches import (
         MODELS_CONFIG_MODULE,
         NATIVE_HOOK_CLASS,
-        native_decision_in_vllm,
         native_hook_in_vllm,
     )
 
@@ -677,21 +676,9 @@ def _native_decision_stands_aside() -> Iterator[None]:
         return
     import importlib
 
-    from vllm_minimax_m3_kv.model_executor.models.config import (
-        apply_indexer_precision,
-    )
-
     native = getattr(importlib.import_module(MODELS_CONFIG_MODULE), NATIVE_HOOK_CLASS)
     own = native.__dict__["verify_and_update_config"]
-    # After PR 1 alone the plugin's hook wraps vLLM's and runs after it; where
-    # vLLM refuses mixed pools itself (PR 2) the plugin's hook is not
-    # installed, so it runs here in the native one's place.
-    instead = (
-        apply_indexer_precision
-        if native_decision_in_vllm() is not None
-        else (lambda vllm_config: None)
-    )
-    native.verify_and_update_config = staticmethod(instead)
+    native.verify_and_update_config = staticmethod(lambda vllm_config: None)
     try:
         yield
     finally:
