@@ -1,6 +1,7 @@
 """Child for ``test_stale_bytes.py``: do unwritten KV slots reach a result?
 
-``python -m tests.kernels.stale_bytes --out F [--with-witness]`` builds the pool the loaded plugins give (fp8 KV cache,
+``python -m tests.kernels.stale_bytes --out F [--lengths 2049,2112]
+[--with-witness]`` builds the pool the loaded plugins give (fp8 KV cache,
 TP 8, the tiny MiniMax-M3), allocated and bound as vLLM's worker does. For each
 request length and each stale pattern it fills every byte of the bound pool
 with the pattern, writes one request of that length token by token (index keys
@@ -153,6 +154,7 @@ def run_length(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     parser.add_argument("--with-witness", action="store_true")
     options = parser.parse_args()
     device = prepare_triton()
@@ -167,7 +169,10 @@ def main() -> None:
         "index_spec": index,
         "main_spec": main_spec,
         "zeroing": pool.kv_cache_config.needs_kv_cache_zeroing,
-        "lengths": {str(length): run_length(pool, length) for length in LENGTHS},
+        "lengths": {
+            length: run_length(pool, int(length))
+            for length in options.lengths.split(",")
+        },
     }
     if options.with_witness:
         result["witness"] = run_length(

@@ -23,18 +23,26 @@ PLUGIN_EXCLUDED = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 OUTPUTS = {"prefill_score", "prefill_topk", "prefill_out", "decode_topk", "decode_out"}
 
 
+JUST_PAST_A_BLOCK, MID_BLOCK = "2049", "2112"  # 16 blocks + 1 slot, + half a block
+
+
 @pytest.fixture(scope="module")
 def plugin_pool() -> dict:
-    return json_from_out_file([*CHILD, "--with-witness"], kernel_env(), timeout=1800)
+    argv = [*CHILD, "--lengths", JUST_PAST_A_BLOCK, "--with-witness"]
+    return json_from_out_file(argv, kernel_env(), timeout=1800)
+
+
+def assert_no_stale_byte_reaches_a_result(pool: dict) -> None:
+    for length, result in pool["lengths"].items():
+        assert result["identical"] == dict.fromkeys(OUTPUTS, True), length
+        assert all(result["finite_out"].values()), (length, result["finite_out"])
 
 
 def test_the_plugins_uniform_pool_needs_no_zeroer(plugin_pool):
     assert plugin_pool["index_spec"] == plugin_pool["main_spec"]
     assert plugin_pool["zeroing"] is False
-    assert set(plugin_pool["lengths"]) == {"2049", "2112"}  # +1 slot, +half a block
-    for length, result in plugin_pool["lengths"].items():
-        assert result["identical"] == dict.fromkeys(OUTPUTS, True), length
-        assert all(result["finite_out"].values()), (length, result["finite_out"])
+    assert list(plugin_pool["lengths"]) == [JUST_PAST_A_BLOCK]
+    assert_no_stale_byte_reaches_a_result(plugin_pool)
 
 
 def test_a_request_that_claims_an_unwritten_slot_sees_it(plugin_pool):
@@ -45,15 +53,23 @@ def test_a_request_that_claims_an_unwritten_slot_sees_it(plugin_pool):
     assert not witness["prefill_out"] and not witness["decode_out"], witness
 
 
-def test_the_stock_mixed_pool_under_the_same_test(matrix_size):
-    """What stock vLLM's mixed pool (bf16 index cache) does: the same. Its
+def test_mid_block_and_the_stock_mixed_pool_under_the_same_test(matrix_size):
+    """Half a block past the boundary on the plugin's pool, and what stock
+    vLLM's mixed pool (bf16 index cache) does at both lengths: the same. Its
     failure is the zeroing disagreement under PP (vLLM PR #64472), not stale
-    bytes in these kernels. Runs at --matrix=full (CI's second step)."""
+    bytes in these kernels. Runs at --matrix=full (CI's second step): each
+    pattern is a run of vLLM's kernels under the interpreter."""
     if matrix_size != "full":
         pytest.skip("runs at --matrix=full (.ci/run's full-size step)")
-    stock = json_from_out_file(CHILD, {**kernel_env(), **PLUGIN_EXCLUDED}, 1800)
+    ours = json_from_out_file([*CHILD, "--lengths", MID_BLOCK], kernel_env(), 1800)
+    assert ours["zeroing"] is False
+    assert_no_stale_byte_reaches_a_result(ours)
+    both = f"{JUST_PAST_A_BLOCK},{MID_BLOCK}"
+    stock = json_from_out_file(
+        [*CHILD, "--lengths", both], {**kernel_env(), **PLUGIN_EXCLUDED}, 1800
+    )
     assert stock["index_spec"] == ["torch.bfloat16", "NONE"]
     assert stock["zeroing"] is True
     for length, result in stock["lengths"].items():
         print(f"stock mixed pool, {length} tokens: {result}")
-        assert result["identical"] == dict.fromkeys(OUTPUTS, True), length
+    assert_no_stale_byte_reaches_a_result(stock)

@@ -77,7 +77,7 @@ def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
         "mixed": {"output_throughput": 1000.0, "kv_tokens": 2_294_272, "gsm8k": 0.95},
         "fp8": {"output_throughput": 1100.0, "kv_tokens": 3_033_088, "gsm8k": 0.948},
     }
-    proc = compare(tmp_path, pools, ISL="8192", CONC="64")
+    proc = compare(tmp_path, pools, ISL="8192", CONC="64", **NO_PREFLIGHT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert len(server_pids(tmp_path)) == 2  # one server per pool, in turn
