@@ -37,16 +37,25 @@ def test_a_forked_child_imports_vllm_and_the_plugin_itself():
     assert seen["variable"] == "1"
 
 
-def test_patched_vllm_keeps_a_vllm_cache_apart_from_stock(tmp_path):
-    """vLLM caches model-class facts keyed by the model package's files;
-    stock and patched vLLM sharing one cache would evict each other's."""
+def test_patched_vllms_keep_vllm_caches_apart_from_stock_and_each_other(tmp_path):
+    """vLLM caches model-class facts in one file per class, keyed by the model
+    package's files: two trees sharing one cache would evict each other's."""
     roots = {
-        overlay.child_env(overlay.build(tmp_path / name, patches))["VLLM_CACHE_ROOT"]
-        for name, patches in (("pr1", overlay.PR1), ("strict", overlay.PATCHES))
+        name: overlay.child_env(overlay.build(tmp_path / name, patches))[
+            "VLLM_CACHE_ROOT"
+        ]
+        for name, patches in (
+            ("pr1", overlay.PR1),
+            ("pr1_again", overlay.PR1),
+            ("pr1_pr2", overlay.PATCHES),
+        )
     }
-    assert roots == {str(overlay.PATCHED_VLLM_CACHE_ROOT)}
+    assert roots["pr1"] == roots["pr1_again"]  # reused across runs
+    assert roots["pr1"] != roots["pr1_pr2"]
     stock = json_from_stdout(
         ["-c", "import json, vllm.envs as e; print(json.dumps(e.VLLM_CACHE_ROOT))"]
     )
-    assert not overlay.PATCHED_VLLM_CACHE_ROOT.is_relative_to(stock)
-    assert Path(stock) != overlay.PATCHED_VLLM_CACHE_ROOT
+    for root in roots.values():
+        assert Path(root).is_relative_to(overlay.PATCHED_VLLM_CACHE_ROOT)
+        assert not Path(root).is_relative_to(stock)
+        assert not Path(stock).is_relative_to(root)

@@ -14,6 +14,7 @@ release in ``precommit.py``, not here.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -166,15 +167,25 @@ def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
 
 
 PATCHED_VLLM_CACHE_ROOT = CACHE / "vllm-cache-patched"
-"""``VLLM_CACHE_ROOT`` for every patched vLLM, apart from stock vLLM's.
+"""Where the patched vLLMs keep their ``VLLM_CACHE_ROOT``s, apart from stock vLLM's.
 
 vLLM's registry caches what it learns about a model class (in a fresh
-interpreter, ~15 s) with a hash of the class's package and re-learns it when
-the hash differs. PR 1 changes MiniMax-M3's package, so a cache shared with
-stock vLLM would be re-filled at every switch between the two; the series
-share one (PR 2 leaves the package as PR 1 has it), which the hash keeps
-correct whatever a future patch changes.
+interpreter, ~15 s) in one file per class, with a hash of the class's package,
+and re-learns it when the hash differs. PR 1 and PR 2 each change MiniMax-M3's
+package, so one cache shared by stock vLLM and the series would be re-filled at
+every switch between them: each patched tree gets a cache root of its own,
+named by the content of its patched files (:func:`cache_root`).
 """
+
+
+def cache_root(overlay: Overlay) -> Path:
+    """``VLLM_CACHE_ROOT`` for this patched tree: one per distinct content of
+    its patched files, so it is reused across runs and never shared with a
+    tree whose model package differs."""
+    digest = hashlib.sha256()
+    for path in overlay.patched:
+        digest.update(path.encode() + b"\0" + (overlay.root / path).read_bytes())
+    return PATCHED_VLLM_CACHE_ROOT / digest.hexdigest()[:16]
 
 
 def child_env(overlay: Overlay) -> dict[str, str]:
@@ -183,7 +194,7 @@ def child_env(overlay: Overlay) -> dict[str, str]:
 
     return {
         "PYTHONPATH": f"{overlay.root}:{SIM_REPO}",
-        "VLLM_CACHE_ROOT": str(PATCHED_VLLM_CACHE_ROOT),
+        "VLLM_CACHE_ROOT": str(cache_root(overlay)),
         # vLLM loads every general plugin unless told which: name only another.
         "VLLM_PLUGINS": "lora_filesystem_resolver",
         # Imports through the symlinks must not write into the installed package.
