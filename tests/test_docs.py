@@ -17,6 +17,7 @@ import pytest
 
 from sim.process import REPO, json_from_stdout
 from vllm_minimax_m3_kv.config import indexer_precision as policy
+from vllm_minimax_m3_kv.entrypoints.check import vllm_kv_cache_dtypes
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PACKAGE = REPO / "vllm_minimax_m3_kv"
@@ -54,8 +55,10 @@ def _source_strings() -> list[str]:
 def _policy_messages() -> list[str]:
     """What decide() prints over a grid of every platform kind, every vLLM KV
     dtype and indexer, the opt-in, layouts, lengths, shapes and drafters."""
-    from vllm.config.cache import KV_CACHE_DTYPES
-
+    # vLLM's KV_CACHE_DTYPES, read from its source as check reads it (a test
+    # in test_check_front.py checks they agree) without importing vLLM here.
+    kv_cache_dtypes = vllm_kv_cache_dtypes()
+    assert kv_cache_dtypes
     platforms = []
     # As the live hook names the GPU, and as check names a --target.
     for name in ("ROCm gfx950", "ROCm gfx950 (MI355X)"):
@@ -101,7 +104,7 @@ def _policy_messages() -> list[str]:
     messages = []
     for platform, kv, indexer, allow_mixed, layers in itertools.product(
         platforms,
-        KV_CACHE_DTYPES,
+        kv_cache_dtypes,
         ["auto", "bf16", "fp8", "mxfp4"],
         [False, True],
         layouts,

@@ -17,7 +17,11 @@ def main() -> None:
     from vllm.config.cache import KV_CACHE_DTYPES
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_minimax_m3_kv.entrypoints.check import bundled_model_path, known_bad_flag
+    from vllm_minimax_m3_kv.entrypoints.check import (
+        bundled_model_path,
+        known_bad_flag,
+        vllm_kv_cache_dtypes,
+    )
 
     def vllm_parses(value: str) -> bool:
         """vLLM's own validation of the value (CacheConfig's pydantic type)."""
@@ -47,6 +51,8 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "kv_dtypes_read_from_source": list(vllm_kv_cache_dtypes() or ()),
+                "kv_dtypes_of_vllm": list(KV_CACHE_DTYPES),
                 "kv_accepted_by_vllm_rejected_early": [
                     v
                     for v in KV_CACHE_DTYPES

@@ -140,9 +140,12 @@ def test_known_bad_flag_values_are_answered_before_importing_vllm(argv, says):
 
 
 def test_the_early_answers_agree_with_vllms_own_validation():
-    """Every KV dtype vLLM takes passes the early check, typos fail both, and
+    """The KV dtypes read from vLLM's source are vLLM's list; every KV dtype
+    vLLM takes passes the early check, typos fail both, and
     each TP size passes it exactly when vLLM's ModelConfig accepts it."""
     answers = json_from_stdout(["-m", "tests.entrypoints.early_answers"])
+    # What check and the policy tests read from vLLM's source is its own list.
+    assert answers["kv_dtypes_read_from_source"] == answers["kv_dtypes_of_vllm"]
     assert answers["kv_accepted_by_vllm_rejected_early"] == []
     assert answers["kv_typos_accepted_by_either"] == []
     assert answers["tp_disagreements"] == []

@@ -211,10 +211,23 @@ RULE_WITNESSES: dict[str, tuple[str, ...]] = {
 
 
 def vllm_kv_cache_dtypes() -> tuple[str, ...]:
-    """vLLM's ``KV_CACHE_DTYPES``, read now (platforms append to it)."""
-    from vllm.config.cache import KV_CACHE_DTYPES as VLLM_KV_CACHE_DTYPES
+    """vLLM's ``KV_CACHE_DTYPES``: in a process that has imported vLLM (a
+    child that runs cells), read now (``register_kv_cache_dtype`` appends to
+    it); in one that only lists cells (a test worker), read from vLLM's source
+    as ``check`` reads it, without importing vLLM (``test_check_front.py``
+    checks the two agree)."""
+    if "vllm" in sys.modules:
+        from vllm.config.cache import KV_CACHE_DTYPES
 
-    return tuple(VLLM_KV_CACHE_DTYPES)
+        return tuple(KV_CACHE_DTYPES)
+    from vllm_minimax_m3_kv.entrypoints.check import (
+        vllm_kv_cache_dtypes as from_source,
+    )
+
+    dtypes = from_source()
+    if dtypes is None:
+        raise RuntimeError("vLLM's CacheDType could not be read from its source")
+    return dtypes
 
 
 @dataclass(frozen=True)
