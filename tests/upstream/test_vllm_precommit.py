@@ -16,6 +16,13 @@ SERIES = {"pr1": overlay.PR1, "pr1_pr2": overlay.PATCHES}
 def test_vllm_precommit_hooks_pass_on_the_changed_files(series, tmp_path):
     patches = SERIES[series]
     tree = precommit.patched_tree(tmp_path, patches)
+    # The tree is a hard-linked copy of the cached release: what the patches
+    # change are private files, and the cache stays read-only.
+    pristine = precommit.pristine_source()
+    for path in precommit.changed_files(patches):
+        if (pristine / path).is_file():
+            assert (tree / path).stat().st_ino != (pristine / path).stat().st_ino
+            assert not (pristine / path).stat().st_mode & 0o222, path
     results = precommit.run_hooks(tree, precommit.changed_files(patches))
     failed = {r.hook: r.output[-1500:] for r in results if r.returncode}
     assert not failed, failed
