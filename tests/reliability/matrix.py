@@ -658,19 +658,40 @@ def apply_fix(cell: Cell, fix: dict[str, Any]) -> Cell:
 
 _builds: dict[tuple, dict[str, Any]] = {}
 
+_NOT_READ_BY_THE_BUILD = (
+    "platform",  # its GPU, environment and aiter state are in the key
+    "env",
+    "aiter",
+    "pipeline_parallel_size",  # the stage split happens after the build
+    "foreign_stage",  # replaces a stage's specs after the build
+    "indexer_kv_dtype",  # as asked (unset, "auto", explicit): the resolved one is in
+)
 
-def _build_and_plan(cell: Cell, vllm_config: Any) -> dict[str, Any]:
-    # What the model build reads: the resolved config, not the opt-in (which
-    # only lets the config through) nor PP (the split happens after).
-    key = (
-        replace(
-            cell,
-            pipeline_parallel_size=1,
-            env=tuple(pair for pair in cell.env if pair != ALLOW_MIXED),
-        ),
+
+def _build_key(cell: Cell, vllm_config: Any) -> tuple:
+    """What the model build reads: the simulated GPU, the environment and
+    aiter state it runs with (less the opt-in, which only lets a config
+    through), the cell's shape, and the config's resolved dtypes. Cells that
+    reach the same build this way share it (e.g. an indexer left unset and one
+    set to what "auto" resolves to; a platform's cell and another platform's
+    cell after a fix set the same variables)."""
+    environment = cell.environment()
+    environment.pop(ALLOW_MIXED[0], None)
+    shape = asdict(cell)
+    for name in _NOT_READ_BY_THE_BUILD:
+        del shape[name]
+    return (
+        PLATFORMS[cell.platform][0],
+        tuple(sorted(environment.items())),
+        cell.aiter_state,
+        tuple(sorted(shape.items())),
         vllm_config.cache_config.cache_dtype,
         vllm_config.attention_config.indexer_kv_dtype,
     )
+
+
+def _build_and_plan(cell: Cell, vllm_config: Any) -> dict[str, Any]:
+    key = _build_key(cell, vllm_config)
     build_config = vllm_config
     if cell.indexer_cp and cell.tensor_parallel_size > 1:
         # The CP indexers map peer buffers in GPU IPC memory at build, which a
