@@ -162,56 +162,6 @@ def _check_outcome(result: dict) -> tuple[str, str | None]:
     return "ok", "fp8" if plan["indexer_inherited"] else requested
 
 
-@pytest.mark.parametrize("target", ["mi355x", "mi300x", "b300"])
-def test_check_agrees_with_live_plugin(target, scenario_runner):
-    cells = [cell for cell in MATRIX if cell[0] == target]
-    live = {}
-    for env_name in {cell[3] for cell in cells}:
-        scenarios = [
-            {
-                "id": f"{kv}/{indexer}",
-                "env": ENVS[env_name],
-                "build": False,
-                "engine": {
-                    "kv_cache_dtype": kv,
-                    "max_model_len": 8192,
-                    "attention_config": {"indexer_kv_dtype": indexer},
-                },
-            }
-            for _, kv, indexer, e in cells
-            if e == env_name
-        ]
-        for key, result in scenario_runner(target, scenarios).items():
-            live[(key, env_name)] = _live_outcome(result)
-    checks = run_checks(
-        [
-            {
-                "argv": [
-                    "--target",
-                    target,
-                    TINY,
-                    "--max-model-len",
-                    "8192",
-                    "--kv-cache-dtype",
-                    kv,
-                    "--attention-config.indexer_kv_dtype",
-                    indexer,
-                ],
-                "env": ENVS[env_name],
-            }
-            for _, kv, indexer, env_name in cells
-        ]
-    )
-    offline = {
-        (f"{kv}/{indexer}", env_name): _check_outcome(result)
-        for (_, kv, indexer, env_name), result in zip(cells, checks, strict=True)
-    }
-    assert offline == live
-    assert {outcome for outcome, _ in live.values()} == {"ok", "error"}
-    # The opt-in reached a mixed start that both paths agree on.
-    assert live[("int8_per_token_head/auto", "mixed_ok")] == ("ok", "bf16")
-
-
 # The pool's shape: checkpoint variants and skip layers, check against live.
 DATA = "tests/data"
 POOL_SHAPES = [
@@ -226,61 +176,118 @@ POOL_SHAPES = [
 ]
 
 
-def test_check_agrees_with_live_plugin_on_the_pool_vllm_builds(scenario_runner):
-    live = {}
-    for env_name in ENVS:
-        scenarios = [
-            {
-                "id": f"{checkpoint}/{','.join(skip)}",
-                "env": ENVS[env_name],
-                "build": False,
-                "engine": {
-                    "model": f"{DATA}/{checkpoint}",
-                    "kv_cache_dtype": "fp8",
-                    "max_model_len": 8192,
-                    "tensor_parallel_size": 8,
-                    "kv_cache_dtype_skip_layers": list(skip),
-                },
-            }
-            for checkpoint, skip, e in POOL_SHAPES
-            if e == env_name
-        ]
-        for key, result in scenario_runner("mi355x", scenarios).items():
-            live[(key, env_name)] = _live_outcome(result)
-    checks = run_checks(
-        [
-            {
-                "argv": [
-                    "--target",
-                    "mi355x",
-                    f"{DATA}/{checkpoint}",
-                    "--max-model-len",
-                    "8192",
-                    "-tp",
-                    "8",
-                    "--kv-cache-dtype",
-                    "fp8",
-                    *(["--kv-cache-dtype-skip-layers", *skip] if skip else []),
-                ],
-                "env": ENVS[env_name],
-            }
-            for checkpoint, skip, env_name in POOL_SHAPES
-        ]
-    )
-    offline = {
-        (f"{checkpoint}/{','.join(skip)}", env_name): _check_outcome(result)
-        for (checkpoint, skip, env_name), result in zip(
-            POOL_SHAPES, checks, strict=True
-        )
+def _flag_case(target: str, kv: str, indexer: str, env_name: str) -> dict:
+    return {
+        "id": f"{kv}/{indexer}/{env_name}",
+        "env": ENVS[env_name],
+        "engine": {
+            "kv_cache_dtype": kv,
+            "max_model_len": 8192,
+            "attention_config": {"indexer_kv_dtype": indexer},
+        },
+        "argv": [
+            "--target",
+            target,
+            TINY,
+            "--max-model-len",
+            "8192",
+            "--kv-cache-dtype",
+            kv,
+            "--attention-config.indexer_kv_dtype",
+            indexer,
+        ],
     }
-    assert offline == live
+
+
+def _pool_case(checkpoint: str, skip: tuple[str, ...], env_name: str) -> dict:
+    return {
+        "id": f"{checkpoint}/{','.join(skip)}/{env_name}",
+        "env": ENVS[env_name],
+        "engine": {
+            "model": f"{DATA}/{checkpoint}",
+            "kv_cache_dtype": "fp8",
+            "max_model_len": 8192,
+            "tensor_parallel_size": 8,
+            "kv_cache_dtype_skip_layers": list(skip),
+        },
+        "argv": [
+            "--target",
+            "mi355x",
+            f"{DATA}/{checkpoint}",
+            "--max-model-len",
+            "8192",
+            "-tp",
+            "8",
+            "--kv-cache-dtype",
+            "fp8",
+            *(["--kv-cache-dtype-skip-layers", *skip] if skip else []),
+        ],
+    }
+
+
+AGREEMENT_CASES = {
+    target: [_flag_case(*cell) for cell in MATRIX if cell[0] == target]
+    for target in ("mi355x", "mi300x", "b300")
+}
+POOL_CASES = [_pool_case(*shape) for shape in POOL_SHAPES]
+
+
+@pytest.fixture(scope="module")
+def agreement(scenario_runner) -> dict[str, dict[str, tuple]]:
+    """Each case's outcome live (one process per simulated GPU, every
+    environment in it, as the reliability matrix runs them) and offline (every
+    check in one process: check simulates its --target itself)."""
+    live = {}
+    for target, cases in AGREEMENT_CASES.items():
+        scenarios = [
+            {"id": c["id"], "env": c["env"], "engine": c["engine"], "build": False}
+            for c in cases + (POOL_CASES if target == "mi355x" else [])
+        ]
+        live[target] = scenario_runner(target, scenarios)
+    every = [
+        (target, case)
+        for target, cases in [*AGREEMENT_CASES.items(), ("mi355x", POOL_CASES)]
+        for case in cases
+    ]
+    checks = run_checks([{"argv": c["argv"], "env": c["env"]} for _, c in every])
+    return {
+        "live": {
+            (target, key): _live_outcome(result)
+            for target, results in live.items()
+            for key, result in results.items()
+        },
+        "offline": {
+            (target, case["id"]): _check_outcome(result)
+            for (target, case), result in zip(every, checks, strict=True)
+        },
+        "stderr": {
+            (target, case["id"]): result["stderr"]
+            for (target, case), result in zip(every, checks, strict=True)
+        },
+    }
+
+
+@pytest.mark.parametrize("target", ["mi355x", "mi300x", "b300"])
+def test_check_agrees_with_live_plugin(target, agreement):
+    keys = [(target, case["id"]) for case in AGREEMENT_CASES[target]]
+    live = {key: agreement["live"][key] for key in keys}
+    assert {key: agreement["offline"][key] for key in keys} == live
+    assert {outcome for outcome, _ in live.values()} == {"ok", "error"}
+    # The opt-in reached a mixed start that both paths agree on.
+    assert live[(target, "int8_per_token_head/auto/mixed_ok")] == ("ok", "bf16")
+
+
+def test_check_agrees_with_live_plugin_on_the_pool_vllm_builds(agreement):
+    keys = [("mi355x", case["id"]) for case in POOL_CASES]
+    live = {key: agreement["live"][key] for key in keys}
+    assert {key: agreement["offline"][key] for key in keys} == live
     # Every kind of answer is among them.
-    assert live[("minimax_m3_tiny_key_false/", "aiter")] == ("ok", "fp8")
-    assert live[("minimax_m3_tiny_no_sparse/", "plain")] == ("ok", "bf16")
-    assert live[("minimax_m3_tiny/0", "aiter")] == ("error", None)
-    assert live[("minimax_m3_tiny/0", "mixed_ok")] == ("ok", "bf16")
-    ignored = checks[POOL_SHAPES.index(("minimax_m3_tiny", ("4",), "aiter"))]
-    assert "warning: MiniMax-M3 sparse attention ignores" in ignored["stderr"]
+    assert live[("mi355x", "minimax_m3_tiny_key_false//aiter")] == ("ok", "fp8")
+    assert live[("mi355x", "minimax_m3_tiny_no_sparse//plain")] == ("ok", "bf16")
+    assert live[("mi355x", "minimax_m3_tiny/0/aiter")] == ("error", None)
+    assert live[("mi355x", "minimax_m3_tiny/0/mixed_ok")] == ("ok", "bf16")
+    ignored = agreement["stderr"][("mi355x", "minimax_m3_tiny/4/aiter")]
+    assert "warning: MiniMax-M3 sparse attention ignores" in ignored
 
 
 # -- the command as a user runs it ---------------------------------------------
