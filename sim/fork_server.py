@@ -99,11 +99,17 @@ def _reap() -> None:
 def serve(path: str) -> None:
     from sim.process import PRELOAD
 
+    # humming (vLLM's quantization kernels) starts two background builds of its
+    # CUDA helpers when imported, ~10 CPU-s each, which only warm a cache it
+    # otherwise fills on first use. Only this process imports it (children
+    # inherit the module, not this variable), so only it is told not to.
+    os.environ["HUMMING_DISABLE_PARALLEL_BUILD"] = "1"
     for module in PRELOAD:
         importlib.import_module(module)
     # Children never collect what the server holds: their collections skip it
     # (and leave its pages shared).
     gc.freeze()
+    _log_server("preload")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
@@ -136,6 +142,22 @@ def serve(path: str) -> None:
     with contextlib.suppress(ChildProcessError):
         while True:
             os.waitpid(-1, 0)
+    _log_server("total")
+
+
+def _log_server(stage: str) -> None:
+    """The server's own CPU (``preload``: importing PRELOAD; ``total``: with
+    every supervisor it reaped, i.e. its children and the forks around them)."""
+    path = os.environ.get("SIM_FORK_CPU_LOG")
+    if path:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = own.ru_utime + own.ru_stime
+        if stage == "total":
+            cpu += reaped.ru_utime + reaped.ru_stime
+        line = {"argv": ["<fork server>", stage], "cpu_s": cpu, "server": os.getpid()}
+        with open(path, "a") as log:
+            log.write(json.dumps(line) + "\n")
 
 
 if __name__ == "__main__":

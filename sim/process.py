@@ -7,7 +7,9 @@ platform and loads its plugins from scratch, with the environment it was
 given, and skips the rest of the imports (a child that builds the tiny
 MiniMax-M3 costs about 2.5 CPU-s; 7.8 with only torch, Triton and
 transformers preloaded). ``SIM_FORK_CPU_LOG=FILE`` logs each child's argv and CPU
-seconds. Shared by the tests, the reliability report and the benchmarks.
+seconds, and each server's own (``["<fork server>", "preload"]``, and
+``"total"``: everything it and its children used, the children's lines
+included). Shared by the tests, the reliability report and the benchmarks.
 """
 
 from __future__ import annotations

@@ -42,6 +42,23 @@ def run_scenarios(
     return _cache[key]
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's loadscope, with ``tests/kernels/`` one scope: its modules'
+    children run under Triton's interpreter, which needs a fork server of its
+    own (``sim.process.FROZEN_AT_PRELOAD``), so one worker starts one."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class KernelsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/kernels/"):
+                return "tests/kernels"
+            return super()._split_scope(nodeid)
+
+    return KernelsTogether(config, log)
+
+
 @pytest.fixture(scope="session")
 def scenario_runner():
     return run_scenarios
