@@ -20,6 +20,10 @@ STANDIN = Path(__file__).parent / "standin"
 # A stand-in lm_eval, on PATH only where a test asks for it.
 STANDIN_EVAL = Path(__file__).parent / "standin_eval"
 FORKED_CHECK = Path(__file__).parent / "forked" / "vllm-minimax-m3-kv"
+# For tests of what happens after the preflight (serve flags, health, pool
+# confirmation): the preflight passes. Its own tests, the dry runs and the full
+# runs run the real one.
+PREFLIGHT_PASSES = {"CHECK_BIN": "true"}
 
 
 def free_port() -> int:
@@ -150,7 +154,7 @@ def test_dry_run_prints_commands_and_passes_check(tmp_path, script, target, rocm
 
 
 def test_dp_attention_uses_data_parallel_and_expert_parallel(tmp_path):
-    env = inputs(tmp_path, DP_ATTENTION="true", EP_SIZE="8", PP="2")
+    env = inputs(tmp_path, DP_ATTENTION="true", EP_SIZE="8", PP="2", **PREFLIGHT_PASSES)
     proc = run_script("minimaxm3_fp8_b300.sh", env, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert (
@@ -203,7 +207,7 @@ def test_full_run_confirms_the_pool_then_benchmarks_and_stops(
 def test_an_unconfirmed_pool_stops_the_run_with_the_log_tail(
     tmp_path, mode, precision, says
 ):
-    env = inputs(tmp_path, STANDIN_MODE=mode)
+    env = inputs(tmp_path, STANDIN_MODE=mode, **PREFLIGHT_PASSES)
     if precision == "mixed-but-uniform":
         # The script expects the mixed line; the stand-in, without the opt-in
         # in its environment, logs one precision.
@@ -219,7 +223,8 @@ def test_an_unconfirmed_pool_stops_the_run_with_the_log_tail(
 
 
 def test_server_that_dies_fails_with_its_log_tail(tmp_path):
-    proc = run_script("minimaxm3_fp8_mi355x.sh", inputs(tmp_path, STANDIN_MODE="exit"))
+    env = inputs(tmp_path, STANDIN_MODE="exit", **PREFLIGHT_PASSES)
+    proc = run_script("minimaxm3_fp8_mi355x.sh", env)
     assert proc.returncode == 1
     assert "the server exited" in proc.stderr
     assert "fatal error during startup" in proc.stderr
@@ -227,7 +232,9 @@ def test_server_that_dies_fails_with_its_log_tail(tmp_path):
 
 
 def test_server_that_never_gets_healthy_misses_the_deadline(tmp_path):
-    env = inputs(tmp_path, STANDIN_MODE="hang", HEALTH_TIMEOUT_S="4")
+    env = inputs(
+        tmp_path, STANDIN_MODE="hang", HEALTH_TIMEOUT_S="4", **PREFLIGHT_PASSES
+    )
     proc = run_script("minimaxm3_fp8_b300.sh", env)
     assert proc.returncode == 1
     assert "no /health within 4s" in proc.stderr
@@ -316,7 +323,7 @@ def test_kv_precision_choices_pass_their_preflight(
 def test_fp8_on_a_short_low_concurrency_workload_gets_one_advice_line(tmp_path):
     # The advice is the script's, before the preflight: a preflight that
     # always passes keeps this test about the advice.
-    quick = {"CHECK_BIN": "true"}
+    quick = dict(PREFLIGHT_PASSES)
     small, _ = _dry_run(tmp_path, ISL="1024", CONC="4", **quick)
     assert small.stdout.count("note: KV_PRECISION=fp8 needs AITER sparse") == 1
     assert "InferenceX PR #2187" in small.stdout
@@ -407,7 +414,7 @@ def test_help_says_what_the_script_sets_on_your_behalf():
 
 
 def test_a_replaced_environment_value_is_said(tmp_path):
-    env = inputs(tmp_path, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT="0", CHECK_BIN="true")
+    env = inputs(tmp_path, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT="0", **PREFLIGHT_PASSES)
     proc = run_script("minimaxm3_fp8_mi355x.sh", env, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert (
@@ -427,7 +434,7 @@ def test_booleans_accept_true_false_1_0_and_nothing_else(tmp_path, name, value):
     assert f"error: {name}={value} is not one of: true false 1 0" in proc.stderr
     dp = run_script(
         "minimaxm3_fp8_b300.sh",
-        inputs(tmp_path, DP_ATTENTION="1", CHECK_BIN="true"),
+        inputs(tmp_path, DP_ATTENTION="1", **PREFLIGHT_PASSES),
         "--dry-run",
     )
     assert dp.returncode == 0 and "--data-parallel-size 8" in dp.stdout
