@@ -1,7 +1,8 @@
 """A fork server for :func:`sim.process.run_python`.
 
-``python -m sim.fork_server SOCKET`` imports :data:`sim.process.PRELOAD`,
-prints ``ready`` and serves one request per connection: a JSON object with
+``python -m sim.fork_server SOCKET`` listens, prints ``ready``, imports
+:data:`sim.process.PRELOAD` when the first request comes, and serves one
+request per connection: a JSON object with
 ``argv``, ``env``, ``cwd``, ``stdout`` and ``stderr`` (file paths). For each it
 forks a supervisor, which forks the runner (``python ARGV`` as a fresh
 interpreter would run it, with that environment), sends the runner's pid, waits
@@ -96,7 +97,7 @@ def _reap() -> None:
             pass
 
 
-def serve(path: str) -> None:
+def _preload() -> None:
     from sim.process import PRELOAD
 
     # humming (vLLM's quantization kernels) starts two background builds of its
@@ -110,11 +111,17 @@ def serve(path: str) -> None:
     # (and leave its pages shared).
     gc.freeze()
     _log_server("preload")
+
+
+def serve(path: str) -> None:
+    """Listen at once; import PRELOAD when the first request comes (a server
+    nobody asks costs nothing, and its starter never waits for it)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
     listener.settimeout(1.0)
     stopping = False
+    preloaded = False
 
     def stop(*_: object) -> None:
         nonlocal stopping
@@ -130,6 +137,9 @@ def serve(path: str) -> None:
             continue
         except InterruptedError:
             continue
+        if not preloaded:
+            _preload()
+            preloaded = True
         if os.fork() == 0:
             listener.close()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -106,9 +106,11 @@ class _ForkServer:
 
     def address(self) -> str:
         with self._lock:
-            if ADDRESS_ENV in os.environ:  # a server another process started
-                self.env = self.env or child_env()
-                return os.environ[ADDRESS_ENV]
+            for variable in (ADDRESS_ENV, SHARED_ADDRESS_ENV):
+                if self is _server and variable in os.environ:
+                    # A server another process started.
+                    self.env = self.env or child_env()
+                    return os.environ[variable]
             if self._process is None or self._process.poll() is not None:
                 self._start()
             return self._path
@@ -140,6 +142,10 @@ _servers_lock = threading.Lock()
 ADDRESS_ENV = "SIM_FORK_SERVER"
 """Set for processes a test starts (e.g. a launch script) that run Python
 children through this process's server (``python -m sim.forked``)."""
+SHARED_ADDRESS_ENV = "SIM_FORK_SERVER_SHARED"
+"""Set by a test run's xdist controller for its workers: the server they
+share for children with the usual environment (one preload, not one per
+worker). Servers for other preload environments they still start themselves."""
 
 
 def server_address() -> str:

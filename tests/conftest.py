@@ -8,13 +8,20 @@ in one child process; results are cached for the whole session.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sim.process import REPO, child_env, json_from_out_file
+from sim.process import (
+    REPO,
+    SHARED_ADDRESS_ENV,
+    child_env,
+    json_from_out_file,
+    server_address,
+)
 
 __all__ = ["REPO", "child_env", "run_scenarios"]
 
@@ -40,6 +47,14 @@ def run_scenarios(
         )
     _cache[key] = {r["id"]: r for r in records}
     return _cache[key]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, the controller starts the fork server its workers share
+    (its preload is paid once, and only when a child is asked for)."""
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and not hasattr(config, "workerinput"):
+        os.environ[SHARED_ADDRESS_ENV] = server_address()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -371,8 +371,9 @@ def test_preflight_judges_the_model_path_the_script_serves(tmp_path):
     assert typo in serve
     assert proc.returncode == 2
     assert f"cannot read the model config for '{typo}'" in proc.stderr
-    # A hub id says which config the preflight judged instead.
-    hub, _ = _dry_run(tmp_path)
+    # A hub id says which config the preflight judged instead (the script's
+    # line, before the preflight runs).
+    hub, _ = _dry_run(tmp_path, **PREFLIGHT_PASSES)
     assert "is a hub id: the preflight judges the bundled MiniMax-M3 config" in (
         hub.stdout
     )
