@@ -10,6 +10,7 @@ first.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import socket
 from dataclasses import dataclass, field, replace
@@ -162,8 +163,34 @@ def _impl_names(model: Any) -> dict[str, Any]:
     }
 
 
-def build_model(vllm_config: Any, bind_indexer: bool = False) -> BuiltModel:
-    """Build the real MiniMax-M3 (and its MTP drafter) on the meta device."""
+@contextlib.contextmanager
+def _pipeline_rank(rank: int | None, size: int):
+    """The PP group as worker ``rank`` of ``size`` sees it (its first and last
+    rank decide which layers it builds), restored afterwards."""
+    from vllm.distributed import parallel_state
+
+    if rank is None:
+        yield
+        return
+    group = parallel_state.get_pp_group()
+    saved = group.world_size, group.rank_in_group, group.ranks
+    # This process is global rank 0; the other stages' ranks stand around it.
+    group.world_size, group.rank_in_group = size, rank
+    group.ranks = [group.rank + offset for offset in range(-rank, size - rank)]
+    try:
+        yield
+    finally:
+        group.world_size, group.rank_in_group, group.ranks = saved
+
+
+def build_model(
+    vllm_config: Any, bind_indexer: bool = False, pp_rank: int | None = None
+) -> BuiltModel:
+    """Build the real MiniMax-M3 (and its MTP drafter) on the meta device.
+
+    With ``pp_rank``, as that pipeline stage's worker builds it: from its own
+    copy of the config (a worker unpickles one), only its own layers.
+    """
     import torch
     import vllm.model_executor.layers.fused_moe.runner.shared_experts as shared
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
@@ -176,9 +203,12 @@ def build_model(vllm_config: Any, bind_indexer: bool = False) -> BuiltModel:
 
     # The shared-experts side stream needs a GPU; nothing here runs on it.
     shared.aux_stream = lambda: None
+    if pp_rank is not None:
+        vllm_config = copy.deepcopy(vllm_config)
+    stages = vllm_config.parallel_config.pipeline_parallel_size
     with set_current_vllm_config(vllm_config):
         _init_distributed(vllm_config.parallel_config.tensor_parallel_size)
-        with torch.device("meta"):
+        with torch.device("meta"), _pipeline_rank(pp_rank, stages):
             if is_minimax_m3(vllm_config.model_config):
                 # The language model, built as the published VL checkpoint's
                 # wrapper builds it (the vision tower holds no KV cache).
@@ -193,7 +223,8 @@ def build_model(vllm_config: Any, bind_indexer: bool = False) -> BuiltModel:
     target_layers = set(get_layers_from_vllm_config(vllm_config, AttentionLayerBase))
     speculative = vllm_config.speculative_config
     selected = _impl_names(model)
-    if speculative is not None:
+    # The drafter runs on the last stage.
+    if speculative is not None and pp_rank in (None, stages - 1):
         # As the proposer does: a copy of the config with its own attention
         # backend (re-running VllmConfig.__post_init__ and so the plugin hook).
         draft_config = replace(

@@ -215,8 +215,7 @@ def _detect_env_table() -> str | None:
 
 
 def _register_env_variable(module: ModuleType) -> None:
-    from vllm_minimax_m3_kv.config.facts import allow_mixed_from_env
-    from vllm_minimax_m3_kv.config.indexer_precision import ALLOW_MIXED_ENV
+    from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV, allow_mixed_from_env
 
     module.environment_variables.setdefault(ALLOW_MIXED_ENV, allow_mixed_from_env)
 

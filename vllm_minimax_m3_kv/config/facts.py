@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
     AITER_ENV,
-    ALLOW_MIXED_ENV,
     SHUFFLE_KV_ENV,
     PlatformFacts,
     PoolLayers,
@@ -27,6 +26,14 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     SparseShape,
     Verdict,
 )
+from vllm_minimax_m3_kv.config.kv_cache_dtype import (
+    CheckpointKVCache,
+    MainKVCacheDtype,
+    compressed_tensors_kv_cache,
+    effective_main_kv_cache_dtype,
+    modelopt_kv_cache,
+)
+from vllm_minimax_m3_kv.envs import allow_mixed_from_env
 
 if TYPE_CHECKING:
     from vllm.config import AttentionConfig, CacheConfig, ModelConfig
@@ -181,22 +188,6 @@ def live_platform_facts() -> PlatformFacts:
     )
 
 
-def allow_mixed_from_env() -> bool:
-    """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED``, parsed as vLLM parses its own flags.
-
-    Also registered in ``vllm.envs.environment_variables`` (see patches.py),
-    so ``vllm.envs`` reads it through this same function.
-    """
-    value = os.getenv(ALLOW_MIXED_ENV, "0")
-    try:
-        return bool(int(value))
-    except ValueError:
-        raise ValueError(
-            f"{ALLOW_MIXED_ENV}={value!r} is not an integer: set "
-            f"{ALLOW_MIXED_ENV}=1 to accept a mixed MiniMax-M3 KV pool, or unset it."
-        ) from None
-
-
 def model_dtype_name(model_config: ModelConfig) -> str:
     """``--dtype`` as vLLM resolved it, e.g. ``"bfloat16"``."""
     return str(model_config.dtype).removeprefix("torch.")
@@ -292,6 +283,56 @@ def _speculative_method(speculative_config: Any) -> str | None:
     return getattr(speculative_config, "method", None)
 
 
+def checkpoint_quant_config(model_config: ModelConfig) -> Mapping[str, Any] | None:
+    """The checkpoint's quantization config, where ``get_quant_config``
+    (``model_executor/model_loader/weight_utils.py``) reads it: the HF
+    config, else its text config, else compressed-tensors'
+    ``compression_config``."""
+    hf_config = model_config.hf_config
+    quant = getattr(hf_config, "quantization_config", None)
+    text_config = getattr(hf_config, "text_config", None)
+    if quant is None and text_config is not None:
+        quant = getattr(text_config, "quantization_config", None)
+    if quant is None:
+        quant = getattr(hf_config, "compression_config", None)
+    if quant is not None and not isinstance(quant, Mapping):
+        quant = quant.to_dict() if hasattr(quant, "to_dict") else None
+    return quant
+
+
+def checkpoint_kv_cache(model_config: ModelConfig) -> CheckpointKVCache | None:
+    """The KV cache dtype the checkpoint declares, by vLLM's own rules."""
+    quant = checkpoint_quant_config(model_config)
+    if not quant:
+        return None
+    found = compressed_tensors_kv_cache(quant, model_config.quantization)
+    if found is not None:
+        return found
+    # vLLM's own modelopt mapping, as resolve_kv_cache_dtype_string (called by
+    # EngineArgs.create_engine_config) applies it to hf_config's config.
+    hf_quant = getattr(model_config.hf_config, "quantization_config", None)
+    if not str((hf_quant or {}).get("quant_method", "")).startswith("modelopt"):
+        return None
+    from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
+
+    return modelopt_kv_cache(
+        hf_quant, resolve_kv_cache_dtype_string("auto", model_config)
+    )
+
+
+def main_kv_cache_dtype(
+    model_config: ModelConfig, cache_config: CacheConfig, layers: PoolLayers
+) -> MainKVCacheDtype:
+    """What every main cache layer will store: the flag, or the checkpoint's
+    declaration where vLLM applies it (``config/kv_cache_dtype.py``)."""
+    return effective_main_kv_cache_dtype(
+        str(cache_config.cache_dtype),
+        checkpoint_kv_cache(model_config),
+        # MiniMax-M3's dense layers are vLLM's generic Attention.
+        builds_generic_attention=len(layers.sparse) < layers.num_layers,
+    )
+
+
 def precision_facts(
     platform: PlatformFacts,
     *,
@@ -303,9 +344,16 @@ def precision_facts(
     speculative_config: Any = None,
 ) -> PrecisionFacts:
     """The policy's facts from vLLM's config objects (resolved or not)."""
+    layers = pool_layers(
+        model_config, cache_config, pipeline_parallel_size, speculative_config
+    )
+    main = main_kv_cache_dtype(model_config, cache_config, layers)
     return PrecisionFacts(
         platform=platform,
-        kv_cache_dtype=str(cache_config.cache_dtype),
+        kv_cache_dtype=main.dtype,
+        kv_cache_flag=main.flag,
+        kv_cache_source=main.checkpoint.describe() if main.from_checkpoint else None,
+        auto_kv_cache_dtype=None if main.auto == "auto" else main.auto,
         indexer_kv_dtype=str(attention_config.indexer_kv_dtype),
         max_model_len=int(model_config.max_model_len),
         shape=sparse_shape(model_config),
@@ -319,9 +367,7 @@ def precision_facts(
         model_dtype=model_dtype_name(model_config),
         allow_mixed=allow_mixed_from_env(),
         draft_kv_cache_dtype=draft_kv_cache_dtype(speculative_config),
-        layers=pool_layers(
-            model_config, cache_config, pipeline_parallel_size, speculative_config
-        ),
+        layers=layers,
     )
 
 

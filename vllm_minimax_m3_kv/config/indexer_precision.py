@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
+
 # KV cache dtypes whose bytes are fp8 e4m3, the format every fp8 indexer stores.
 FP8_E4M3_KV_CACHE_DTYPES = frozenset({"fp8", "fp8_e4m3"})
 FP8_INDEXER_DTYPES = frozenset({"fp8", "fp8_e4m3"})
@@ -59,9 +61,6 @@ MAX_MODEL_LEN_FLAG = "--max-model-len"
 DTYPE_FLAG = "--dtype"
 DRAFT_KV_CACHE_DTYPE_FLAG = "--speculative-config.kv_cache_dtype"
 SKIP_LAYERS_FLAG = "--kv-cache-dtype-skip-layers"
-ALLOW_MIXED_ENV = "VLLM_MINIMAX_M3_KV_ALLOW_MIXED"
-"""The operator's explicit opt-in to a mixed pool (fp8 or other main cache
-beside a bf16 indexer), which then runs with zeroing on every worker."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +163,9 @@ class PoolLayers:
 class PrecisionFacts:
     platform: PlatformFacts
     kv_cache_dtype: str
-    """``--kv-cache-dtype`` as given (``auto``, ``bfloat16``, ``fp8``, ...)."""
+    """The main cache dtype every layer will store (``auto``: the model
+    dtype): ``--kv-cache-dtype``, or the checkpoint's declared KV cache where
+    vLLM gives it to ``auto`` (``config/kv_cache_dtype.py``)."""
     indexer_kv_dtype: str
     """``attention_config.indexer_kv_dtype`` as given (``auto`` when unset)."""
     max_model_len: int
@@ -183,6 +184,20 @@ class PrecisionFacts:
     """``speculative_config.kv_cache_dtype``: the MTP drafter's own main cache
     dtype, in the same block pool (None: it inherits the target's)."""
     layers: PoolLayers = field(default_factory=PoolLayers)
+    kv_cache_flag: str | None = None
+    """``--kv-cache-dtype`` as the config holds it when the hooks run (None:
+    the same as ``kv_cache_dtype``); for messages."""
+    kv_cache_source: str | None = None
+    """Where ``kv_cache_dtype`` came from when not the flag, e.g. "the
+    checkpoint's quantization config declares an fp8 KV cache
+    (compressed-tensors kv_cache_scheme)"."""
+    auto_kv_cache_dtype: str | None = None
+    """What ``--kv-cache-dtype auto`` gives with this checkpoint (None: the
+    model dtype): fixes must not offer ``auto`` as "bf16" where it is fp8."""
+
+    def resolve_kv_cache_dtype(self, flag: str) -> str:
+        """The dtype a ``--kv-cache-dtype`` value gives with this checkpoint."""
+        return (self.auto_kv_cache_dtype or flag) if flag == "auto" else flag
 
     def _precision(self, kv_cache_dtype: str) -> str:
         if kv_cache_dtype == "auto":
@@ -470,10 +485,17 @@ FP8_INDEXER_RULES: tuple[Rule, ...] = (
 """Checked in order; the first that blocks explains why no fp8 indexer runs."""
 
 
+def _kv_origin(facts: PrecisionFacts) -> str:
+    """Where the main cache dtype came from, for messages."""
+    if facts.kv_cache_source is None:
+        return f"{KV_CACHE_DTYPE_FLAG} {facts.kv_cache_dtype}"
+    return f"{facts.kv_cache_source}, which vLLM applies to {KV_CACHE_DTYPE_FLAG} auto"
+
+
 def _describe(facts: PrecisionFacts) -> str:
     return (
-        f"{KV_CACHE_DTYPE_FLAG} {facts.kv_cache_dtype} with "
-        f"indexer_kv_dtype={facts.indexer_kv_dtype!r} on {facts.platform.name}"
+        f"{_kv_origin(facts)}, with indexer_kv_dtype="
+        f"{facts.indexer_kv_dtype!r} on {facts.platform.name}"
     )
 
 
@@ -538,8 +560,12 @@ def _bf16_fix(facts: PrecisionFacts, summary: str, *flags: tuple[str, str]) -> F
 
 def _bf16_main_flags(facts: PrecisionFacts) -> tuple[tuple[str, str], ...]:
     # "auto" stores the model dtype, and vLLM refuses a float KV dtype other
-    # than the model's: a non-bf16 model must itself run bf16.
-    main = ((KV_CACHE_DTYPE_FLAG, "auto"),)
+    # than the model's: a non-bf16 model must itself run bf16. Where the
+    # checkpoint declares a KV cache, "auto" is that one: an explicit bfloat16
+    # is what turns it off (vLLM applies a declared cache only to "auto").
+    main = (
+        (KV_CACHE_DTYPE_FLAG, "auto" if facts.auto_kv_cache_dtype is None else BF16),
+    )
     return main if facts.model_dtype == BF16 else ((DTYPE_FLAG, BF16), *main)
 
 
@@ -834,10 +860,13 @@ def _with_drafter_matched(facts: PrecisionFacts, verdict: Verdict) -> Verdict:
         return verdict
 
     def matched(fix: Fix) -> Fix:
-        # A fix that changes the target's KV dtype must move the drafter too.
-        kv = dict(fix.flags).get(KV_CACHE_DTYPE_FLAG, facts.kv_cache_dtype)
-        if _drafter_mismatch(replace(facts, kv_cache_dtype=kv)) is None:
+        # A fix that changes the target's KV dtype must move the drafter too
+        # (to what the target then stores: the drafter's "auto" is the model
+        # dtype, whatever the checkpoint declares).
+        fixed = fixed_facts(facts, fix)
+        if _drafter_mismatch(fixed) is None:
             return fix
+        kv = fixed.kv_cache_dtype
         return replace(fix, flags=(*fix.flags, (DRAFT_KV_CACHE_DTYPE_FLAG, kv)))
 
     why = _drafter_mismatch(facts)
@@ -855,9 +884,17 @@ def fixed_facts(facts: PrecisionFacts, fix: Fix) -> PrecisionFacts:
     layers = facts.layers
     if SKIP_LAYERS_FLAG in fix.without:
         layers = replace(layers, skip_requested=frozenset())
+    if KV_CACHE_DTYPE_FLAG not in flags:
+        return replace(
+            facts, model_dtype=flags.get(DTYPE_FLAG, facts.model_dtype), layers=layers
+        )
+    flag = flags[KV_CACHE_DTYPE_FLAG]
+    kv = facts.resolve_kv_cache_dtype(flag)
     return replace(
         facts,
-        kv_cache_dtype=flags.get(KV_CACHE_DTYPE_FLAG, facts.kv_cache_dtype),
+        kv_cache_dtype=kv,
+        kv_cache_flag=flag,
+        kv_cache_source=facts.kv_cache_source if kv != flag else None,
         model_dtype=flags.get(DTYPE_FLAG, facts.model_dtype),
         layers=layers,
     )
@@ -971,9 +1008,9 @@ def _uniform_indexer(facts: PrecisionFacts) -> Verdict:
         return Verdict(
             Outcome.INHERITED,
             "fp8",
-            f"inherited from {KV_CACHE_DTYPE_FLAG} {facts.kv_cache_dtype}: an fp8 "
-            f"indexer runs on {facts.platform.name}, so both caches share fp8 "
-            "e4m3 and vLLM builds no KV block zeroer",
+            f"inherited from {_kv_origin(facts)}: an fp8 indexer runs on "
+            f"{facts.platform.name}, so both caches share fp8 e4m3 and vLLM "
+            "builds no KV block zeroer",
         )
     # Reached only if a pairing rule above is taken out: leave the request be.
     return Verdict(Outcome.UNCHANGED, indexer, "left as requested")

@@ -62,6 +62,7 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
         logger.warning_once(note)
     if verdict.outcome is Outcome.ERROR:
         raise IndexerPrecisionError(verdict)
+    resolve_kv_cache_dtype_before_model_build(vllm_config, facts)
     if verdict.outcome is Outcome.MIXED:
         # The zeroing patch (patches.py) makes every worker and the scheduler
         # honour the zeroer this pool needs.
@@ -75,8 +76,35 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
             verdict.indexer_kv_dtype,
             verdict.reason
             if verdict.outcome is Outcome.INHERITED
-            else f"inherited from {facts.kv_cache_dtype}",
+            else f"inherited from the {facts.kv_cache_dtype} KV cache",
         )
+
+
+def resolve_kv_cache_dtype_before_model_build(
+    vllm_config: VllmConfig, facts: PrecisionFacts
+) -> None:
+    """Give ``cache_config`` the main KV dtype the checkpoint declares.
+
+    vLLM applies a compressed-tensors ``kv_cache_scheme`` only in
+    ``Attention.__init__``, at model build: sparse layers built before the
+    first dense layer, and pipeline stages without one, would keep the model
+    dtype, and the engine core (which builds no model) would plan with
+    ``auto``. Resolved here, every layer, worker and the planner read the one
+    dtype the decision was made on. Only ``auto`` is resolved, and only where
+    vLLM's ``Attention`` would resolve it.
+    """
+    from vllm_minimax_m3_kv._log import get_logger
+
+    cache_config = vllm_config.cache_config
+    if facts.kv_cache_dtype == cache_config.cache_dtype:
+        return
+    cache_config.cache_dtype = facts.kv_cache_dtype
+    get_logger(__name__).info_once(
+        "MiniMax-M3 kv_cache_dtype=%s: %s; resolved before model build so that "
+        "every layer and pipeline stage stores it.",
+        facts.kv_cache_dtype,
+        facts.kv_cache_source,
+    )
 
 
 def make_config_hook(

@@ -1,0 +1,29 @@
+"""The plugin's own environment variable, parsed as vLLM parses its flags.
+
+Kept apart from the policy so that registering the variable with vLLM at
+plugin load (``patches.py``) imports nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+
+ALLOW_MIXED_ENV = "VLLM_MINIMAX_M3_KV_ALLOW_MIXED"
+"""The operator's explicit opt-in to a mixed pool (fp8 or other main cache
+beside a bf16 indexer), which then runs with zeroing on every worker."""
+
+
+def allow_mixed_from_env() -> bool:
+    """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED``, parsed as vLLM parses its own flags.
+
+    Also registered in ``vllm.envs.environment_variables`` (see patches.py),
+    so ``vllm.envs`` reads it through this same function.
+    """
+    value = os.getenv(ALLOW_MIXED_ENV, "0")
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise ValueError(
+            f"{ALLOW_MIXED_ENV}={value!r} is not an integer: set "
+            f"{ALLOW_MIXED_ENV}=1 to accept a mixed MiniMax-M3 KV pool, or unset it."
+        ) from None
