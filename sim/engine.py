@@ -23,6 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = str(REPO / "tests" / "data" / "minimax_m3_tiny")
 # The same model with its two sparse layers first, in PP stage 0 of 2.
 TINY_MODEL_SPARSE_FIRST = str(REPO / "tests" / "data" / "minimax_m3_tiny_sparse_first")
+# The published layout and the sparse-first one, each with llm-compressor's
+# FP8 KV recipe (compressed-tensors kv_cache_scheme, no weight scheme); and a
+# modelopt FP8 checkpoint with an FP8 KV cache (kv_cache_quant_algo).
+TINY_CT_FP8_KV = str(REPO / "tests" / "data" / "minimax_m3_tiny_ct_fp8_kv")
+TINY_CT_FP8_KV_SPARSE_FIRST = str(
+    REPO / "tests" / "data" / "minimax_m3_tiny_ct_fp8_kv_sparse_first"
+)
+TINY_MODELOPT_FP8 = str(REPO / "tests" / "data" / "minimax_m3_tiny_modelopt_fp8")
 TINY_LLAMA = str(REPO / "tests" / "data" / "llama_tiny")
 BUNDLED_MODEL = str(REPO / "vllm_minimax_m3_kv" / "data" / "minimax_m3")
 KV_MEMORY_BYTES = 8 << 30

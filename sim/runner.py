@@ -98,9 +98,21 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
             return result
         result.update(built.selected)
         result["specs"] = sim.spec_summary(built.specs)
+        _warnings.messages.clear()
         result["pp1"] = sim.plan(vllm_config, [built.specs])
         stages = sim.pp_stages(vllm_config, built, 2)
         result["pp2"] = sim.plan(vllm_config, stages)
+        if scenario.get("per_stage"):
+            # As PP workers do: each builds its own stage from its own copy
+            # of the config the engine sent (see sim.engine.build_model).
+            pp2_config = sim.make_engine_args(
+                {**scenario.get("engine", {}), "pipeline_parallel_size": 2},
+                scenario.get("set_backend", True),
+            ).create_engine_config()
+            own = [sim.build_model(pp2_config, pp_rank=rank) for rank in (0, 1)]
+            result["pp2_stage_specs"] = [sim.spec_summary(b.specs) for b in own]
+            result["pp2_per_stage"] = sim.plan(pp2_config, [b.specs for b in own])
+        result["plan_warnings"] = list(_warnings.messages)
         if "dump_pp2_stages" in scenario:  # for another process to plan with
             Path(scenario["dump_pp2_stages"]).write_bytes(pickle.dumps(stages))
         if "foreign_pp2_stage" in scenario:
@@ -108,10 +120,12 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
             foreign = scenario["foreign_pp2_stage"]
             theirs = pickle.loads(Path(foreign["path"]).read_bytes())
             stages[foreign["stage"]] = theirs[foreign["stage"]]
+            _warnings.messages.clear()
             try:
                 result["pp2_foreign"] = sim.plan(vllm_config, stages)
             except Exception as error:
                 result["pp2_foreign_error"] = sim.describe_error(error)
+            result["pp2_foreign_warnings"] = list(_warnings.messages)
     return result
 
 

@@ -458,13 +458,20 @@ class Plan:
     notes: list[str]
     plugin: str = "on"
     executor_note: str = ""
+    kv_cache_dtype_source: str = "--kv-cache-dtype"
+    """Where the main KV dtype came from: the flag, or the checkpoint."""
 
     def render(self) -> str:
         rows = [("plugin", self.plugin)] if self.plugin != "on" else []
         rows += [
             ("architecture", self.architecture),
             ("target", self.target),
-            ("main KV dtype", self.kv_cache_dtype),
+            (
+                "main KV dtype",
+                self.kv_cache_dtype
+                if self.kv_cache_dtype_source == "--kv-cache-dtype"
+                else f"{self.kv_cache_dtype} ({self.kv_cache_dtype_source})",
+            ),
             (
                 "indexer dtype",
                 self.indexer_kv_dtype
@@ -565,7 +572,23 @@ def plan_for(args: argparse.Namespace) -> Plan:
         message=verdict.message,
         notes=list(verdict.notes),
         executor_note=executor_note,
+        kv_cache_dtype_source=_kv_source(facts),
     )
+
+
+def _kv_source(facts: PrecisionFacts) -> str:
+    return facts.kv_cache_source or "--kv-cache-dtype"
+
+
+def _stock_kv_source(facts: PrecisionFacts) -> str:
+    # Stock vLLM applies a compressed-tensors declaration only at model build
+    # (Attention.__init__), so its config says auto; the layers it reaches
+    # still store the declared dtype.
+    if facts.kv_cache_source is None:
+        return "--kv-cache-dtype"
+    if facts.kv_cache_flag == "auto" and facts.kv_cache_dtype != "auto":
+        return f"{facts.kv_cache_source}; stock vLLM applies it at model build"
+    return facts.kv_cache_source
 
 
 def _without_ray_if_absent(engine_args: Any) -> str:
@@ -613,6 +636,7 @@ def _stock_plan(
             f"off (VLLM_PLUGINS={shlex.quote(os.environ.get('VLLM_PLUGINS', ''))})"
         ),
         notes=[],
+        kv_cache_dtype_source=_stock_kv_source(facts),
         plugin=(
             "off: VLLM_PLUGINS leaves out minimax_m3_kv; this is stock vLLM 0.33's plan"
         ),

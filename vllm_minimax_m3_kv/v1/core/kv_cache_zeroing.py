@@ -70,12 +70,57 @@ def pool_precisions(configs: list[KVCacheConfig]) -> list[str]:
     )
 
 
-def log_pool(configs: list[KVCacheConfig], zeroing: bool) -> None:
-    """One line per engine that says what the KV pool is (grep for it)."""
+def predicted_pool(vllm_config: VllmConfig) -> str | None:
+    """What the config-time decision said this pool would be, if one
+    precision: e.g. "fp8 main cache, fp8 indexer"; None if it said mixed.
+
+    The same :func:`decide` on the same facts: after the hook, the config
+    holds what it resolved, so the decision reads it back unchanged.
+    """
+    from vllm_minimax_m3_kv.config.indexer_precision import Outcome, decide
+    from vllm_minimax_m3_kv.model_executor.models.config import live_facts
+
+    facts = live_facts(vllm_config)
+    verdict = decide(facts)
+    if verdict.outcome is Outcome.MIXED:
+        return None
+    indexer = verdict.indexer_kv_dtype
+    return (
+        f"one precision: main cache {facts.main_cache_precision}, index cache "
+        f"{'bf16' if indexer in ('auto', 'bf16') else indexer}"
+    )
+
+
+def log_pool(
+    configs: list[KVCacheConfig], zeroing: bool, predicted: str | None = None
+) -> None:
+    """One line per engine that says what the KV pool is (grep for it), and
+    a warning where it is not what the config-time decision predicted."""
     from vllm_minimax_m3_kv._log import get_logger
 
-    precisions = ", ".join(pool_precisions(configs))
+    built = pool_precisions(configs)
+    precisions = ", ".join(built)
     logger = get_logger(__name__)
+    if predicted is not None and len(built) > 1:
+        # A KV dtype source the config-time decision does not know of (e.g. a
+        # node whose checkpoint copy differs): say what was expected and what
+        # every worker will do about it.
+        consequence = (
+            f"every one of {len(configs)} workers and the scheduler zero newly "
+            "allocated blocks"
+            if zeroing
+            else "each worker's own caches share one precision, so nothing is "
+            "zeroed, but the pipeline stages store different precisions"
+        )
+        logger.warning(
+            "MiniMax-M3 KV pool: the config-time decision predicted %s, but "
+            "vLLM planned %s; %s. Run vllm-minimax-m3-kv check with this "
+            "command on every node, and compare each node's checkpoint config.",
+            predicted,
+            precisions,
+            consequence,
+        )
+        return
     if not zeroing:
         logger.info(
             "MiniMax-M3 KV pool: one precision (%s) on all %d workers; no KV "
@@ -163,7 +208,7 @@ def wrap_get_kv_cache_configs(original: Callable[..., Any]) -> Callable[..., Any
             require_plugin_on_every_worker(vllm_config, kv_cache_specs)
         configs = original(vllm_config, kv_cache_specs, *args, **kwargs)
         if minimax_m3:
-            log_pool(configs, agree_on_zeroing(configs))
+            log_pool(configs, agree_on_zeroing(configs), predicted_pool(vllm_config))
         return configs
 
     get_kv_cache_configs.__wrapped__ = original  # type: ignore[attr-defined]
