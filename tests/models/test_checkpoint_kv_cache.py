@@ -22,7 +22,8 @@ CT_SPARSE_FIRST = {**CT, "model": sim.TINY_CT_FP8_KV_SPARSE_FIRST}
 FP8_INDEXER = {"attention_config": {"indexer_kv_dtype": "fp8"}}
 SOURCE = (
     "the checkpoint's quantization config declares an fp8 KV cache "
-    "(compressed-tensors kv_cache_scheme)"
+    "(compressed-tensors kv_cache_scheme), which vLLM applies to "
+    "--kv-cache-dtype auto"
 )
 FP8_POOL = {("torch.uint8", "FP8_PER_TENSOR")}
 

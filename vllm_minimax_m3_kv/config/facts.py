@@ -352,7 +352,11 @@ def precision_facts(
         platform=platform,
         kv_cache_dtype=main.dtype,
         kv_cache_flag=main.flag,
-        kv_cache_source=main.checkpoint.describe() if main.from_checkpoint else None,
+        kv_cache_source=(
+            main.checkpoint.field
+            if main.checkpoint is not None and main.auto != "auto"
+            else None
+        ),
         auto_kv_cache_dtype=None if main.auto == "auto" else main.auto,
         indexer_kv_dtype=str(attention_config.indexer_kv_dtype),
         max_model_len=int(model_config.max_model_len),

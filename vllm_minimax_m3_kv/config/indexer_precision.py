@@ -188,12 +188,21 @@ class PrecisionFacts:
     """``--kv-cache-dtype`` as the config holds it when the hooks run (None:
     the same as ``kv_cache_dtype``); for messages."""
     kv_cache_source: str | None = None
-    """Where ``kv_cache_dtype`` came from when not the flag, e.g. "the
-    checkpoint's quantization config declares an fp8 KV cache
-    (compressed-tensors kv_cache_scheme)"."""
+    """The checkpoint field that declares what ``auto`` gives (with
+    ``auto_kv_cache_dtype``), e.g. ``compressed-tensors kv_cache_scheme``."""
     auto_kv_cache_dtype: str | None = None
     """What ``--kv-cache-dtype auto`` gives with this checkpoint (None: the
     model dtype): fixes must not offer ``auto`` as "bf16" where it is fp8."""
+
+    @property
+    def kv_from_checkpoint(self) -> bool:
+        """The main cache dtype is the one the checkpoint declares (modelopt's
+        is resolved before the hooks run, so its flag already holds it)."""
+        return (
+            self.kv_cache_source is not None
+            and self.kv_cache_dtype == self.auto_kv_cache_dtype
+            and (self.kv_cache_flag or "auto") in ("auto", self.kv_cache_dtype)
+        )
 
     def resolve_kv_cache_dtype(self, flag: str) -> str:
         """The dtype a ``--kv-cache-dtype`` value gives with this checkpoint."""
@@ -487,9 +496,14 @@ FP8_INDEXER_RULES: tuple[Rule, ...] = (
 
 def _kv_origin(facts: PrecisionFacts) -> str:
     """Where the main cache dtype came from, for messages."""
-    if facts.kv_cache_source is None:
+    if not facts.kv_from_checkpoint:
         return f"{KV_CACHE_DTYPE_FLAG} {facts.kv_cache_dtype}"
-    return f"{facts.kv_cache_source}, which vLLM applies to {KV_CACHE_DTYPE_FLAG} auto"
+    article = "an" if facts.kv_cache_dtype.startswith("fp8") else "a"
+    return (
+        f"the checkpoint's quantization config declares {article} "
+        f"{facts.kv_cache_dtype} KV cache ({facts.kv_cache_source}), which vLLM "
+        f"applies to {KV_CACHE_DTYPE_FLAG} auto"
+    )
 
 
 def _describe(facts: PrecisionFacts) -> str:
@@ -894,7 +908,6 @@ def fixed_facts(facts: PrecisionFacts, fix: Fix) -> PrecisionFacts:
         facts,
         kv_cache_dtype=kv,
         kv_cache_flag=flag,
-        kv_cache_source=facts.kv_cache_source if kv != flag else None,
         model_dtype=flags.get(DTYPE_FLAG, facts.model_dtype),
         layers=layers,
     )

@@ -44,13 +44,11 @@ class CheckpointKVCache:
     applied_at_model_build: bool
     """vLLM applies it only while building layers (compressed-tensors)."""
 
-    def describe(self) -> str:
-        """For messages: where this dtype came from."""
-        kind = "an fp8" if self.dtype.startswith("fp8") else f"a {self.dtype}"
-        return (
-            f"the checkpoint's quantization config declares {kind} KV cache "
-            f"({self.method} {self.key})"
-        )
+    @property
+    def field(self) -> str:
+        """Which checkpoint field declares it, e.g. ``compressed-tensors
+        kv_cache_scheme``."""
+        return f"{self.method} {self.key}"
 
 
 def compressed_tensors_kv_cache(
@@ -110,6 +108,7 @@ class MainKVCacheDtype:
         is resolved before the hooks, so its flag already holds it)."""
         return (
             self.checkpoint is not None
+            and self.auto != "auto"
             and self.auto == self.dtype
             and (self.flag == "auto" or not self.checkpoint.applied_at_model_build)
         )

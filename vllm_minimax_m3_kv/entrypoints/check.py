@@ -577,18 +577,18 @@ def plan_for(args: argparse.Namespace) -> Plan:
 
 
 def _kv_source(facts: PrecisionFacts) -> str:
-    return facts.kv_cache_source or "--kv-cache-dtype"
+    if not facts.kv_from_checkpoint:
+        return "--kv-cache-dtype"
+    return f"from the checkpoint's {facts.kv_cache_source}"
 
 
 def _stock_kv_source(facts: PrecisionFacts) -> str:
     # Stock vLLM applies a compressed-tensors declaration only at model build
-    # (Attention.__init__), so its config says auto; the layers it reaches
-    # still store the declared dtype.
-    if facts.kv_cache_source is None:
-        return "--kv-cache-dtype"
-    if facts.kv_cache_flag == "auto" and facts.kv_cache_dtype != "auto":
-        return f"{facts.kv_cache_source}; stock vLLM applies it at model build"
-    return facts.kv_cache_source
+    # (Attention.__init__), and only to the layers built after a dense one.
+    source = _kv_source(facts)
+    if facts.kv_from_checkpoint and facts.kv_cache_flag == "auto":
+        return f"{source}, applied by stock vLLM only at model build"
+    return source
 
 
 def _without_ray_if_absent(engine_args: Any) -> str:

@@ -100,8 +100,9 @@ def resolve_kv_cache_dtype_before_model_build(
         return
     cache_config.cache_dtype = facts.kv_cache_dtype
     get_logger(__name__).info_once(
-        "MiniMax-M3 kv_cache_dtype=%s: %s; resolved before model build so that "
-        "every layer and pipeline stage stores it.",
+        "MiniMax-M3 kv_cache_dtype=%s, from the checkpoint's %s: resolved "
+        "before model build (vLLM's Attention applies it there), so that every "
+        "layer and pipeline stage stores it.",
         facts.kv_cache_dtype,
         facts.kv_cache_source,
     )
