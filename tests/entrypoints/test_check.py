@@ -231,6 +231,57 @@ AGREEMENT_CASES = {
 }
 POOL_CASES = [_pool_case(*shape) for shape in POOL_SHAPES]
 
+# Checkpoints that declare their own KV cache: no flag, auto, or an explicit
+# dtype, beside every indexer setting (compressed-tensors in both layer
+# orders on MI355X; modelopt and compressed-tensors on B300).
+CHECKPOINT_KV_CHECKPOINTS = {
+    "mi355x": (
+        "minimax_m3_tiny_ct_fp8_kv",
+        "minimax_m3_tiny_ct_fp8_kv_sparse_first",
+    ),
+    "b300": ("minimax_m3_tiny_modelopt_fp8", "minimax_m3_tiny_ct_fp8_kv"),
+}
+
+
+def _checkpoint_case(
+    target: str, checkpoint: str, kv: str | None, indexer: str | None, env_name: str
+) -> dict:
+    engine: dict = {
+        "model": f"{DATA}/{checkpoint}",
+        "max_model_len": 8192,
+        "tensor_parallel_size": 4,
+    }
+    argv = ["--target", target, f"{DATA}/{checkpoint}", "--max-model-len", "8192"]
+    argv += ["-tp", "4"]
+    if kv is not None:
+        engine["kv_cache_dtype"] = kv
+        argv += ["--kv-cache-dtype", kv]
+    if indexer is not None:
+        engine["attention_config"] = {"indexer_kv_dtype": indexer}
+        argv += ["--attention-config.indexer_kv_dtype", indexer]
+    return {
+        "id": f"{checkpoint}/{kv or 'unset'}/{indexer or 'unset'}/{env_name}",
+        "env": ENVS[env_name],
+        "engine": engine,
+        "argv": argv,
+    }
+
+
+CHECKPOINT_CASES = {
+    target: [
+        _checkpoint_case(target, checkpoint, kv, indexer, env_name)
+        for checkpoint in checkpoints
+        for kv in (None, "auto", "bfloat16", "fp8")
+        for indexer in (None, "bf16", "fp8")
+        for env_name in (
+            ("aiter", "plain", "mixed_ok")
+            if target == "mi355x"
+            else ("plain", "mixed_ok")
+        )
+    ]
+    for target, checkpoints in CHECKPOINT_KV_CHECKPOINTS.items()
+}
+
 
 @pytest.fixture(scope="module")
 def agreement(scenario_runner) -> dict[str, dict[str, tuple]]:
@@ -241,12 +292,18 @@ def agreement(scenario_runner) -> dict[str, dict[str, tuple]]:
     for target, cases in AGREEMENT_CASES.items():
         scenarios = [
             {"id": c["id"], "env": c["env"], "engine": c["engine"], "build": False}
-            for c in cases + (POOL_CASES if target == "mi355x" else [])
+            for c in cases
+            + (POOL_CASES if target == "mi355x" else [])
+            + CHECKPOINT_CASES.get(target, [])
         ]
         live[target] = scenario_runner(target, scenarios)
     every = [
         (target, case)
-        for target, cases in [*AGREEMENT_CASES.items(), ("mi355x", POOL_CASES)]
+        for target, cases in [
+            *AGREEMENT_CASES.items(),
+            ("mi355x", POOL_CASES),
+            *CHECKPOINT_CASES.items(),
+        ]
         for case in cases
     ]
     checks = run_checks([{"argv": c["argv"], "env": c["env"]} for _, c in every])
@@ -258,6 +315,15 @@ def agreement(scenario_runner) -> dict[str, dict[str, tuple]]:
         },
         "offline": {
             (target, case["id"]): _check_outcome(result)
+            for (target, case), result in zip(every, checks, strict=True)
+        },
+        "live_kv": {
+            (target, key): result.get("kv_cache_dtype")
+            for target, results in live.items()
+            for key, result in results.items()
+        },
+        "plans": {
+            (target, case["id"]): result["plan"]
             for (target, case), result in zip(every, checks, strict=True)
         },
         "stderr": {
@@ -288,6 +354,40 @@ def test_check_agrees_with_live_plugin_on_the_pool_vllm_builds(agreement):
     assert live[("mi355x", "minimax_m3_tiny/0/mixed_ok")] == ("ok", "bf16")
     ignored = agreement["stderr"][("mi355x", "minimax_m3_tiny/4/aiter")]
     assert "warning: MiniMax-M3 sparse attention ignores" in ignored
+
+
+@pytest.mark.parametrize("target", sorted(CHECKPOINT_KV_CHECKPOINTS))
+def test_check_agrees_with_live_plugin_on_checkpoint_kv_caches(target, agreement):
+    keys = [(target, case["id"]) for case in CHECKPOINT_CASES[target]]
+    live = {key: agreement["live"][key] for key in keys}
+    assert {key: agreement["offline"][key] for key in keys} == live
+    plans = {key: agreement["plans"][key] for key in keys}
+    # The main KV dtype check prints is the one the live config holds once the
+    # hook ran (where it starts), and says where it came from.
+    for key in keys:
+        plan, live_kv = plans[key], agreement["live_kv"][key]
+        if live[key][0] == "ok":
+            assert plan["kv_cache_dtype"] == live_kv, key
+        from_checkpoint = plan["kv_cache_dtype_source"] != "--kv-cache-dtype"
+        assert from_checkpoint == (key[1].split("/")[1] in ("unset", "auto")), key
+    checkpoint = CHECKPOINT_KV_CHECKPOINTS[target][0]
+    if target == "mi355x":
+        # The three: inherited with AITER, refused without, an
+        # explicit fp8 indexer uniform.
+        assert live[(target, f"{checkpoint}/unset/unset/aiter")] == ("ok", "fp8")
+        assert live[(target, f"{checkpoint}/unset/unset/plain")] == ("error", None)
+        assert live[(target, f"{checkpoint}/unset/fp8/aiter")] == ("ok", "fp8")
+        plan = plans[(target, f"{checkpoint}/unset/unset/aiter")]
+        assert plan["kv_cache_dtype_source"] == (
+            "from the checkpoint's compressed-tensors kv_cache_scheme"
+        )
+    else:
+        assert live[(target, f"{checkpoint}/unset/unset/plain")] == ("ok", "fp8")
+        plan = plans[(target, f"{checkpoint}/unset/unset/plain")]
+        assert plan["kv_cache_dtype"] == "fp8_e4m3"
+        assert plan["kv_cache_dtype_source"] == (
+            "from the checkpoint's modelopt kv_cache_quant_algo"
+        )
 
 
 # -- the command as a user runs it ---------------------------------------------

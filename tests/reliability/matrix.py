@@ -113,6 +113,10 @@ CHECKPOINTS = {
     "no_sparse": str(_DATA / "minimax_m3_tiny_no_sparse"),
     "dense": str(_DATA / "minimax_m3_tiny_dense"),
     "sparse_first": str(_DATA / "minimax_m3_tiny_sparse_first"),
+    # Checkpoints that declare their own KV cache (checkpoint_kv_cells).
+    "ct_fp8_kv": sim.TINY_CT_FP8_KV,
+    "ct_fp8_kv_sparse_first": sim.TINY_CT_FP8_KV_SPARSE_FIRST,
+    "modelopt_fp8": sim.TINY_MODELOPT_FP8,
 }
 SPARSE_LAYERS = {
     "published": (3, 4),
@@ -121,8 +125,18 @@ SPARSE_LAYERS = {
     "no_sparse": (),
     "dense": (),
     "sparse_first": (0, 1),
+    "ct_fp8_kv": (3, 4),
+    "ct_fp8_kv_sparse_first": (0, 1),
+    "modelopt_fp8": (3, 4),
 }
 """What each checkpoint's sparse_attention_freq marks (checked by a test)."""
+CHECKPOINT_KV = {
+    "ct_fp8_kv": "fp8",
+    "ct_fp8_kv_sparse_first": "fp8",
+    "modelopt_fp8": "fp8_e4m3",
+}
+"""What ``--kv-cache-dtype auto`` stores with each checkpoint that declares a
+KV cache (compressed-tensors kv_cache_scheme; modelopt kv_cache_quant_algo)."""
 OFF_CONTRACT_PLATFORMS = ("mi355x-aiter-spa",)
 # --kv-cache-dtype-skip-layers: none, a dense layer, a sparse layer, both (of
 # the published layout; the variants move which is which).
@@ -282,10 +296,18 @@ class Cell:
         return self.aiter or PLATFORMS[self.platform][2]
 
     @property
+    def main_kv_cache_dtype(self) -> str:
+        """What the main cache stores: ``auto`` is the checkpoint's KV cache
+        where it declares one."""
+        if self.kv_cache_dtype == "auto":
+            return CHECKPOINT_KV.get(self.checkpoint, "auto")
+        return self.kv_cache_dtype
+
+    @property
     def bf16_only(self) -> bool:
         """Both caches bf16: the plugin must leave these exactly as stock."""
         return (
-            self.kv_cache_dtype in BF16_ONLY_KV
+            self.main_kv_cache_dtype in BF16_ONLY_KV
             and self.indexer_kv_dtype in BF16_ONLY_INDEXER
             and self.draft_kv_cache_dtype in (None, *BF16_ONLY_KV)
         )
@@ -307,7 +329,7 @@ class Cell:
             for layer in self.skip_layers.split(",")
             if layer and int(layer) not in SPARSE_LAYERS[self.checkpoint]
         }
-        return bool(dense) and self.kv_cache_dtype not in BF16_ONLY_KV
+        return bool(dense) and self.main_kv_cache_dtype not in BF16_ONLY_KV
 
     @property
     def same_as_stock(self) -> bool:
@@ -403,6 +425,7 @@ def cells(platform: str, size: str = "full") -> list[Cell]:
         + extension_cells(platform, size)
         + pool_shape_cells(platform, size)
         + drafter_cells(platform, size)
+        + checkpoint_kv_cells(platform, size)
         + partial_install_cells(platform)
     )
     # The parts overlap where an axis value is also a core row (e.g. the
@@ -556,6 +579,52 @@ def drafter_cells(platform: str, size: str = "full") -> list[Cell]:
         for index, (kv, draft) in enumerate(pairs)
         for pp, opt_in in itertools.product((1, 2), (False, True))
         if size == "full" or pp == 1 + index % 2
+    ]
+
+
+CHECKPOINT_KV_PLATFORMS = {
+    "mi355x-aiter-spa": ("ct_fp8_kv", "ct_fp8_kv_sparse_first"),
+    "mi355x": ("ct_fp8_kv", "ct_fp8_kv_sparse_first"),
+    "mi300x": ("ct_fp8_kv",),
+    # modelopt's FP8 weights are a CUDA format: judged on CUDA only.
+    "sm100": ("modelopt_fp8", "ct_fp8_kv"),
+}
+CHECKPOINT_KV_FLAGS = ("auto", "bfloat16", "fp8")
+CHECKPOINT_KV_INDEXERS = (None, "bf16", "fp8")
+CHECKPOINT_SHAPE_AXES: dict[str, tuple[Any, ...]] = {
+    "tensor_parallel_size": (1, 8),
+    "pipeline_parallel_size": PIPELINE_PARALLEL_SIZES,
+    "speculative": SPECULATIVE,
+}
+CHECKPOINT_SHAPE_ROWS = pairwise_rows(CHECKPOINT_SHAPE_AXES)
+"""The checkpoint part's covering design: every pair of TP, PP and MTP."""
+
+
+def checkpoint_kv_cells(platform: str, size: str = "full") -> list[Cell]:
+    """Checkpoints that declare their own KV cache, in both layer orders:
+    full product over checkpoint x ``--kv-cache-dtype`` (auto: the
+    checkpoint's) x indexer x opt-in, each crossed with the pairwise rows
+    above. Quick: ``auto`` only (the applied fixes add bfloat16), each verdict
+    over one rotating row."""
+    checkpoints = CHECKPOINT_KV_PLATFORMS.get(platform, ())
+    kvs = CHECKPOINT_KV_FLAGS if size == "full" else ("auto",)
+    verdicts = list(
+        itertools.product(checkpoints, kvs, CHECKPOINT_KV_INDEXERS, (False, True))
+    )
+    return [
+        Cell(
+            platform,
+            kv,
+            indexer,
+            indexer_cp=False,
+            max_model_len=8192,
+            checkpoint=checkpoint,
+            env=(ALLOW_MIXED,) if opt_in else (),
+            **row,
+        )
+        for index, (checkpoint, kv, indexer, opt_in) in enumerate(verdicts)
+        for number, row in enumerate(CHECKPOINT_SHAPE_ROWS)
+        if size == "full" or number == index % len(CHECKPOINT_SHAPE_ROWS)
     ]
 
 

@@ -351,7 +351,8 @@ def precision_facts(
     return PrecisionFacts(
         platform=platform,
         kv_cache_dtype=main.dtype,
-        kv_cache_flag=main.flag,
+        # modelopt's auto was resolved before the hooks: record it as auto.
+        kv_cache_flag="auto" if main.from_checkpoint else main.flag,
         kv_cache_source=(
             main.checkpoint.field
             if main.checkpoint is not None and main.auto != "auto"

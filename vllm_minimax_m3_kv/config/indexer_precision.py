@@ -196,12 +196,12 @@ class PrecisionFacts:
 
     @property
     def kv_from_checkpoint(self) -> bool:
-        """The main cache dtype is the one the checkpoint declares (modelopt's
-        is resolved before the hooks run, so its flag already holds it)."""
+        """The main cache dtype is the one the checkpoint declares: the flag
+        is ``auto`` and vLLM gives ``auto`` the declared dtype."""
         return (
             self.kv_cache_source is not None
+            and self.kv_cache_flag == "auto"
             and self.kv_cache_dtype == self.auto_kv_cache_dtype
-            and (self.kv_cache_flag or "auto") in ("auto", self.kv_cache_dtype)
         )
 
     def resolve_kv_cache_dtype(self, flag: str) -> str:
