@@ -9,13 +9,20 @@ times vLLM's ``load_general_plugins()`` and then ``create_engine_config()``
 with / without; the report gives the median ratio over pairs and its range.
 A separate set of children times the plugin's own ``register()``.
 
-``python -m benchmarks.plugin_overhead [--pairs 7] [--json]``
+``python -m benchmarks.plugin_overhead [--pairs 7] [--json] [--write-docs]``
+
+``--write-docs`` puts the table in docs/performance.md between markers that
+carry a fingerprint of the plugin's load path and hook sources
+(``SOURCES``); ``tests/test_docs.py`` fails when those sources change and the
+table was not regenerated, so the figures cannot drift silently.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -25,6 +32,51 @@ from typing import Any
 from benchmarks._common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
 
 WARM_CALLS = 60
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "performance.md"
+SOURCES = (
+    # What plugin load and the config hook run (register(), the registry, the
+    # import hooks, the hook and the facts and decision it calls).
+    "vllm_minimax_m3_kv/__init__.py",
+    "vllm_minimax_m3_kv/_import_hooks.py",
+    "vllm_minimax_m3_kv/_log.py",
+    "vllm_minimax_m3_kv/_versions.py",
+    "vllm_minimax_m3_kv/envs.py",
+    "vllm_minimax_m3_kv/patches.py",
+    "vllm_minimax_m3_kv/v1/core/kv_cache_zeroing.py",
+    "vllm_minimax_m3_kv/model_executor/models/config.py",
+    "vllm_minimax_m3_kv/config/facts.py",
+    "vllm_minimax_m3_kv/config/indexer_precision.py",
+    "vllm_minimax_m3_kv/config/kv_cache_dtype.py",
+)
+BLOCK = re.compile(
+    r"<!-- plugin_overhead begin sources=(?P<fingerprint>[0-9a-f]+) -->\n"
+    r"(?P<table>.*?)<!-- plugin_overhead end -->",
+    re.DOTALL,
+)
+
+
+def sources_fingerprint() -> str:
+    """What the figures were measured on: the load path and hook sources."""
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update(name.encode() + b"\0" + (REPO / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def write_docs(rendered: str) -> None:
+    """Replace the table in docs/performance.md with this run's."""
+    text = DOCS.read_text()
+    block = (
+        f"<!-- plugin_overhead begin sources={sources_fingerprint()} -->\n"
+        f"```\n{rendered}\n```\n<!-- plugin_overhead end -->"
+    )
+    new, count = BLOCK.subn(lambda _: block, text)
+    if count != 1:
+        raise SystemExit(f"{DOCS}: expected one plugin_overhead block, found {count}")
+    DOCS.write_text(new)
+
+
 RECIPE = {
     "kv_cache_dtype": "fp8",
     "tensor_parallel_size": 8,
@@ -193,6 +245,11 @@ def main() -> None:
         "--pairs", type=int, default=7, help="alternating with/without runs"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead")
+    parser.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="also put the table in docs/performance.md",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--what", choices=("startup", "register"), help=argparse.SUPPRESS
@@ -205,6 +262,8 @@ def main() -> None:
         return
     report = run(options.pairs)
     print(json.dumps(report, indent=1) if options.json else render(report))
+    if options.write_docs:
+        write_docs(render(report))
 
 
 if __name__ == "__main__":

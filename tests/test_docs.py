@@ -313,3 +313,17 @@ def test_every_command_in_the_docs_runs_as_written(tmp_path):
     cases.write_text(json.dumps(to_parse))
     problems = json_from_stdout(["-m", "tests.doc_commands", str(cases)])
     assert problems == [], problems
+
+
+def test_startup_cost_table_was_measured_on_the_current_load_path():
+    # docs/performance.md's startup table is written by the benchmark with a
+    # fingerprint of the sources it measured; changing the plugin's load path
+    # or hook without rerunning it leaves a stale fingerprint.
+    from benchmarks.plugin_overhead import BLOCK, DOCS, sources_fingerprint
+
+    (block,) = BLOCK.finditer(DOCS.read_text())
+    assert block["fingerprint"] == sources_fingerprint(), (
+        "the plugin's load path or hook changed since docs/performance.md's "
+        "startup table was measured: python -m benchmarks.plugin_overhead "
+        "--write-docs"
+    )

@@ -277,3 +277,29 @@ def test_operator_can_grep_active_and_pool_lines():
         "MiniMax-M3 KV pool: mixed precision (bfloat16/NONE, uint8/FP8_PER_TENSOR); "
         "every one of 2 workers and the scheduler zero newly allocated blocks." in log
     )
+
+
+def test_aiter_msa_probe_is_cached_until_the_import_system_is_told(tmp_path):
+    # Asked once per engine config; cached per process, as vLLM finds aiter
+    # once, and asked again after importlib.invalidate_caches() (what an
+    # install in a running process, or the simulation's switch, calls).
+    import importlib
+    import sys
+
+    from vllm_minimax_m3_kv.config.facts import AITER_MSA_MODULES, aiter_has_msa_kernels
+
+    ops = tmp_path / "aiter" / "ops"
+    ops.mkdir(parents=True)
+    (tmp_path / "aiter" / "__init__.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.invalidate_caches()
+        assert aiter_has_msa_kernels() is False
+        for name in AITER_MSA_MODULES:
+            (ops / f"{name}.py").write_text("")
+        assert aiter_has_msa_kernels() is False  # cached
+        importlib.invalidate_caches()
+        assert aiter_has_msa_kernels() is True
+    finally:
+        sys.path.remove(str(tmp_path))
+        importlib.invalidate_caches()

@@ -1080,6 +1080,7 @@ def run_mutant(rule: str, size: str = "full") -> list[str]:
     saved = {table: getattr(policy, table) for table in RULE_TABLES}
     for table, rules in saved.items():
         setattr(policy, table, tuple(r for r in rules if r.name != rule))
+    policy.decide.cache_clear()  # verdicts remembered under the full tables
     assert sum(map(len, (getattr(policy, t) for t in RULE_TABLES))) == (
         sum(map(len, saved.values())) - 1
     ), rule
@@ -1096,6 +1097,7 @@ def run_mutant(rule: str, size: str = "full") -> list[str]:
     finally:
         for table, rules in saved.items():
             setattr(policy, table, rules)
+        policy.decide.cache_clear()
         _results.clear()
     return [r["id"] for r in records if r.get("verdict", {}).get("outcome") == "defect"]
 

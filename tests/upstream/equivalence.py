@@ -55,6 +55,7 @@ def equivalence_cells(platform: str, size: str = "full") -> list[Cell]:
         cell
         for cell in matrix.cells(platform, size)
         if cell.foreign_stage is None  # see EXCLUDED_CELLS
+        and cell.checkpoint not in matrix.CHECKPOINT_KV
         and (is_fp8_cell(cell) or any(matrix.matches(cell, w) for w in witnesses))
     ]
 
@@ -65,6 +66,14 @@ EXCLUDED_CELLS = {
         "plugin's own install check; a vLLM that carries the fix carries it on "
         "every node, so there is nothing to compare. (The matrix runs them "
         "only when given a stock node's stages.)"
+    ),
+    "checkpoint_kv": (
+        "checkpoints that declare their own KV cache (matrix.CHECKPOINT_KV): "
+        "PR 1 and PR 2 read cache_config.cache_dtype as the config hooks see "
+        "it, which is still auto for a compressed-tensors kv_cache_scheme "
+        "(vLLM applies it in Attention.__init__). The core fix for that is a "
+        "PR of its own, not yet in upstream/; until it is, these cells are "
+        "the plugin's alone."
     ),
 }
 """Matrix cell kinds the equivalence run leaves out, and why."""

@@ -27,6 +27,7 @@ a configuration that then fails: none is dead weight.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import shlex
 from collections.abc import Callable, Mapping
@@ -987,10 +988,14 @@ def _accept_mixed(facts: PrecisionFacts, refusal: Verdict, indexer: str) -> Verd
     )
 
 
+@functools.lru_cache(maxsize=256)
 def decide(facts: PrecisionFacts) -> Verdict:
     """The indexer dtype MiniMax-M3 runs with, or the error that stops it.
 
-    Never changes an explicit indexer dtype: only ``auto`` is resolved.
+    Never changes an explicit indexer dtype: only ``auto`` is resolved. A
+    pure function of frozen facts, so remembered: every
+    ``create_engine_config()`` of the same command asks it again. (Whoever
+    changes the rule tables clears it: ``decide.cache_clear()``.)
     """
     target = _decide_target(replace(facts, draft_kv_cache_dtype=None))
     notes = _ignored_skips(facts)
