@@ -256,6 +256,8 @@ def test_operator_can_grep_active_and_pool_lines():
                                          kv_cache_groups=groups)
                 log_pool([config(main, index)] * 8, zeroing=False)
                 log_pool([config(main), config(main, bf16)], zeroing=True)
+                log_pool([config(main), config(main, bf16)], zeroing=True,
+                         predicted="one precision: main cache fp8_e4m3, index cache fp8")
                 """
             ),
         ],

@@ -237,7 +237,12 @@ PATCHES: tuple[Patch, ...] = (
             "When vllm.model_executor.models.config is imported, wraps its "
             "MODELS_CONFIG_MAP entries for the MiniMax-M3 architectures "
             "(vLLM's own entry runs first) to resolve 'auto' to fp8 where an fp8 "
-            "indexer runs and raise a ValueError for every remaining mismatch."
+            "indexer runs and raise a ValueError for every remaining mismatch. "
+            "The decision reads the main KV dtype vLLM will build: where the "
+            "checkpoint declares a compressed-tensors kv_cache_scheme and "
+            "--kv-cache-dtype is auto, it writes the fp8 that vLLM's "
+            "Attention.__init__ would write at model build into cache_config "
+            "now, so every layer, PP stage and the engine core's planner read it."
         ),
         upstream=(
             "Model-side alternative to vllm-project/vllm#64472 (scheduler keeps "
@@ -245,7 +250,9 @@ PATCHES: tuple[Patch, ...] = (
             "The default is proposed natively in upstream/ PR 1 (auto follows "
             "fp8 where an fp8 indexer runs, in MiniMax-M3's VerifyAndUpdateConfig "
             "entry); the refusals stay here: vLLM's defaults should not refuse "
-            "what starts today."
+            "what starts today. The early KV dtype resolution mirrors what "
+            "resolve_kv_cache_dtype_string already does for modelopt (vLLM "
+            "issue #32843 asks for auto to be resolved)."
         ),
         remove_when=(
             "vLLM resolves MiniMax-M3's indexer dtype from --kv-cache-dtype (PR "
