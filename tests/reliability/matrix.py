@@ -456,6 +456,21 @@ def recipe_cells(platform: str, already: list[Cell]) -> list[Cell]:
     return [cell for cell in cells if cell not in already]
 
 
+def _row_cell(
+    platform: str, kv: str, indexer: str | None, opt_in: bool, row: dict[str, Any]
+) -> Cell:
+    """A covering-design row's cell at 8K, indexer CP off, the opt-in as asked."""
+    return Cell(
+        platform,
+        kv,
+        indexer,
+        indexer_cp=False,
+        max_model_len=8192,
+        env=(ALLOW_MIXED,) if opt_in else (),
+        **row,
+    )
+
+
 POOL_SHAPE_PLATFORMS = ("mi355x-aiter-spa", "mi355x", "mi300x", "sm100", "sm80")
 POOL_SHAPE_KV = ("auto", "fp8", "fp8_e5m2")
 POOL_SHAPE_INDEXER = (None, "bf16", "fp8")
@@ -489,15 +504,7 @@ def pool_shape_cells(platform: str, size: str = "full") -> list[Cell]:
         kvs, indexers = ("auto", "fp8"), (None, "fp8")
     verdicts = list(itertools.product(kvs, indexers, (False, True)))
     return [
-        Cell(
-            platform,
-            kv,
-            indexer,
-            indexer_cp=False,
-            max_model_len=8192,
-            env=(ALLOW_MIXED,) if opt_in else (),
-            **row,
-        )
+        _row_cell(platform, kv, indexer, opt_in, row)
         for index, (kv, indexer, opt_in) in enumerate(verdicts)
         for number, row in enumerate(POOL_SHAPE_ROWS)
         # Quick: an fp8 KV cache without the opt-in (where a skipped layer
@@ -612,16 +619,7 @@ def checkpoint_kv_cells(platform: str, size: str = "full") -> list[Cell]:
         itertools.product(checkpoints, kvs, CHECKPOINT_KV_INDEXERS, (False, True))
     )
     return [
-        Cell(
-            platform,
-            kv,
-            indexer,
-            indexer_cp=False,
-            max_model_len=8192,
-            checkpoint=checkpoint,
-            env=(ALLOW_MIXED,) if opt_in else (),
-            **row,
-        )
+        _row_cell(platform, kv, indexer, opt_in, {"checkpoint": checkpoint, **row})
         for index, (checkpoint, kv, indexer, opt_in) in enumerate(verdicts)
         for number, row in enumerate(CHECKPOINT_SHAPE_ROWS)
         if size == "full" or number == index % len(CHECKPOINT_SHAPE_ROWS)
