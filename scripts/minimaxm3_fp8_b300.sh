@@ -13,4 +13,9 @@ FP8_INDEXER_NEEDS_AITER_SPARSE_PA=false
 COPY_ROCR_TO_HIP=false
 TARGET_SERVE_ARGS=()
 
+# The public recipe, for KV_PRECISION=stock (the compare reference).
+TARGET_STOCK_FLAGS=(--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype fp8)
+TARGET_STOCK_UNSET=()
+TARGET_STOCK_SOURCE="InferenceX benchmarks/single_node/fixed_seq_len/minimaxm3_fp8_b300.sh"
+
 minimaxm3_main "$@"

@@ -9,16 +9,23 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/minimaxm3_fp8_bench.sh"
 
 TARGET=mi355x
+# As the public recipe: its engine timeout and CUDA-graph setting in every pool.
 TARGET_ENV=(
-    VLLM_ROCM_USE_AITER=1
     "VLLM_ENGINE_READY_TIMEOUT_S=${VLLM_ENGINE_READY_TIMEOUT_S:-3600}"
+    VLLM_USE_BREAKABLE_CUDAGRAPH=0
 )
-TARGET_FP8_ENV=(VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1)
-TARGET_BF16_INDEXER_ENV=(VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0)
+TARGET_FP8_ENV=(VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1)
+TARGET_BF16_INDEXER_ENV=(VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0)
 FP8_INDEXER_NEEDS_AITER_SPARSE_PA=true
 # Slurm and container runtimes on ROCm set ROCR_VISIBLE_DEVICES; vLLM's ROCm
 # platform reads HIP_VISIBLE_DEVICES.
 COPY_ROCR_TO_HIP=true
-TARGET_SERVE_ARGS=(--attention-backend TRITON_ATTN)
+TARGET_SERVE_ARGS=(--attention-backend TRITON_ATTN --tool-call-parser minimax_m3
+    --reasoning-parser minimax_m3 --enable-auto-tool-choice)
+
+# The public recipe, for KV_PRECISION=stock (the compare reference).
+TARGET_STOCK_FLAGS=(--kv-cache-dtype fp8)
+TARGET_STOCK_UNSET=(VLLM_ROCM_USE_AITER VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT)
+TARGET_STOCK_SOURCE="InferenceX benchmarks/single_node/fixed_seq_len/minimaxm3_fp8_mi355x.sh"
 
 minimaxm3_main "$@"

@@ -3,11 +3,15 @@
 # TARGET, TARGET_ENV, TARGET_FP8_ENV and TARGET_BF16_INDEXER_ENV (arrays of
 # NAME=VALUE: always, for an fp8 indexer, for a bf16 indexer), TARGET_SERVE_ARGS
 # (array), FP8_INDEXER_NEEDS_AITER_SPARSE_PA and COPY_ROCR_TO_HIP (true/false),
-# then calls minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait
+# and for the stock pool (today's public recipe, plugin off) TARGET_STOCK_FLAGS,
+# TARGET_STOCK_UNSET (variables that recipe does not set) and
+# TARGET_STOCK_SOURCE (where it comes from), then calls minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait
 # for /health, confirm the pool, benchmark, stop the server (on exit, error or
 # Ctrl-C).
 #
 # KV_PRECISION picks the KV pool per workload:
+#   stock   today's public recipe for this GPU, verbatim, with this plugin off
+#           (the compare reference)
 #   fp8     (default) the B300 recipe: fp8 KV cache and fp8 indexer, one precision
 #   bf16    both caches bf16, one precision; on MI355X AITER sparse PA off
 #   mixed   fp8 KV cache beside a bf16 indexer (the public MI355X recipe's shape),
@@ -23,9 +27,8 @@ OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL
     POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN)
 
 DEFAULT_KV_PRECISION=fp8
-DEFAULT_COMPARE_POOLS="mixed fp8"
-DEFAULT_GPU_MEMORY_UTILIZATION=0.9
-DEFAULT_MAX_NUM_BATCHED_TOKENS=16384
+DEFAULT_COMPARE_POOLS="stock fp8"
+PLUGIN_ENTRY_POINT=minimax_m3_kv
 DEFAULT_HEALTH_TIMEOUT_S=1800
 DEFAULT_POOL_LINE_TIMEOUT_S=60
 DEFAULT_VLLM_BIN=vllm
@@ -40,9 +43,9 @@ COMPARE_POOLS="${COMPARE_POOLS:-$DEFAULT_COMPARE_POOLS}"
 # MI355X only from these (InferenceX PR #2187, vLLM recipes PR #654).
 AITER_SPARSE_PA_MIN_ISL=8192
 AITER_SPARSE_PA_MIN_CONC=64
-GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-$DEFAULT_GPU_MEMORY_UTILIZATION}"
-MAX_NUM_BATCHED_TOKENS="${MAX_NUM_BATCHED_TOKENS:-$DEFAULT_MAX_NUM_BATCHED_TOKENS}"
 SERVER_PID=""
+# The pool a compare run is running now (its own bash process).
+POOL_PID=""
 # The lines the plugin logs once the engine's KV pool is planned.
 ACTIVE_LINE="vllm-minimax-m3-kv active:"
 ONE_PRECISION_LINE='MiniMax-M3 KV pool: one precision \(.*\) on all [0-9]+ workers; no KV block zeroer is built\.'
@@ -79,13 +82,13 @@ required environment:
   RESULT_DIR          where results and server.log go (compare: one folder per pool)
 
 optional environment (default):
-  KV_PRECISION            fp8 | bf16 | mixed | compare (${DEFAULT_KV_PRECISION})
+  KV_PRECISION            fp8 | bf16 | mixed | stock | compare (${DEFAULT_KV_PRECISION})
   COMPARE_POOLS           pools KV_PRECISION=compare runs, the first is the reference (${DEFAULT_COMPARE_POOLS})
   MODEL_PATH              local checkpoint served and judged instead of MODEL (unset)
   PP                      pipeline parallel size (unset)
   RUN_EVAL                true|false (1|0): lm-eval gsm8k after the benchmark (false)
-  GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (${DEFAULT_GPU_MEMORY_UTILIZATION})
-  MAX_NUM_BATCHED_TOKENS  --max-num-batched-tokens (${DEFAULT_MAX_NUM_BATCHED_TOKENS})
+  GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (unset: vLLM's default, as the public recipe)
+  MAX_NUM_BATCHED_TOKENS  --max-num-batched-tokens (unset: vLLM's default, as the public recipe)
   HEALTH_TIMEOUT_S        seconds to wait for /health (${DEFAULT_HEALTH_TIMEOUT_S})
   POOL_LINE_TIMEOUT_S     seconds the KV pool line may trail /health (${DEFAULT_POOL_LINE_TIMEOUT_S})
   VLLM_ENGINE_READY_TIMEOUT_S  vLLM's engine start timeout (3600)
@@ -103,13 +106,24 @@ set_on_your_behalf() {
     for pair in "${TARGET_ENV[@]}"; do
         echo "  ${pair%%=*}=${pair#*=}  (always)"
     done
+    local bf16=" ${TARGET_BF16_INDEXER_ENV[*]} " fp8=" ${TARGET_FP8_ENV[*]} "
     for pair in "${TARGET_FP8_ENV[@]}"; do
-        echo "  ${pair%%=*}=${pair#*=}  (KV_PRECISION=fp8; replaces your value)"
+        if [[ "$bf16" == *" $pair "* ]]; then
+            echo "  ${pair}  (KV_PRECISION=fp8, bf16 or mixed; replaces your value)"
+        else
+            echo "  ${pair}  (KV_PRECISION=fp8; replaces your value)"
+        fi
     done
     for pair in "${TARGET_BF16_INDEXER_ENV[@]}"; do
-        echo "  ${pair%%=*}=${pair#*=}  (KV_PRECISION=bf16 or mixed; replaces your value)"
+        [[ "$fp8" == *" $pair "* ]] ||
+            echo "  ${pair}  (KV_PRECISION=bf16 or mixed; replaces your value)"
     done
     echo "  VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1  (KV_PRECISION=mixed)"
+    echo "  VLLM_PLUGINS=<every installed general plugin but ${PLUGIN_ENTRY_POINT}>  (KV_PRECISION=stock)"
+    local name
+    for name in "${TARGET_STOCK_UNSET[@]}"; do
+        echo "  ${name} unset  (KV_PRECISION=stock)"
+    done
     if [[ "$COPY_ROCR_TO_HIP" == true ]]; then
         echo "  HIP_VISIBLE_DEVICES=\$ROCR_VISIBLE_DEVICES  (when ROCR_VISIBLE_DEVICES is set)"
     fi
@@ -176,11 +190,36 @@ precision_choice() {
         PRECISION_NOTE="mixed: fp8 KV cache, bf16 indexer; every worker zeroes new blocks"
         EXPECTED_POOL_LINE="$MIXED_LINE"
         ;;
+    stock)
+        # The public recipe as published: its precision flags, none of the
+        # variables it does not set, and this plugin not loaded.
+        PRECISION_FLAGS=("${TARGET_STOCK_FLAGS[@]}")
+        PRECISION_ENV=("VLLM_PLUGINS=$(plugins_without_this_one)")
+        PRECISION_NOTE="stock: today's public ${TARGET} recipe (${TARGET_STOCK_SOURCE}), vllm-minimax-m3-kv off"
+        EXPECTED_POOL_LINE=""
+        ;;
     *)
-        echo "error: KV_PRECISION=${KV_PRECISION} is not one of: fp8 bf16 mixed compare" >&2
+        echo "error: KV_PRECISION=${KV_PRECISION} is not one of: fp8 bf16 mixed stock compare" >&2
         exit 64
         ;;
     esac
+}
+
+plugins_without_this_one() {
+    # VLLM_PLUGINS as vLLM reads it, less this plugin: the listed names, or
+    # every installed vllm.general_plugins entry point when it is unset.
+    python3 - "$PLUGIN_ENTRY_POINT" <<'PY'
+import os, sys
+from importlib.metadata import entry_points
+
+listed = os.environ.get("VLLM_PLUGINS")
+names = (
+    listed.split(",")
+    if listed is not None
+    else [ep.name for ep in entry_points(group="vllm.general_plugins")]
+)
+print(",".join(sorted({n for n in names if n and n != sys.argv[1]})))
+PY
 }
 
 workload_advice() {
@@ -220,10 +259,13 @@ build_commands() {
         --no-enable-prefix-caching
         --max-model-len "$MAX_MODEL_LEN"
         "${PARALLEL_ARGS[@]}"
-        --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION"
-        --max-num-batched-tokens "$MAX_NUM_BATCHED_TOKENS"
         "${TARGET_SERVE_ARGS[@]}"
     )
+    # Only where asked: the public recipe leaves both at vLLM's defaults.
+    [[ -z "${GPU_MEMORY_UTILIZATION:-}" ]] ||
+        SERVE_FLAGS+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
+    [[ -z "${MAX_NUM_BATCHED_TOKENS:-}" ]] ||
+        SERVE_FLAGS+=(--max-num-batched-tokens "$MAX_NUM_BATCHED_TOKENS")
     SERVE_CMD=("$VLLM_BIN" serve "$SERVED_MODEL" --port "$PORT"
         "${SERVE_FLAGS[@]}")
     BENCH_CMD=("$VLLM_BIN" bench serve
@@ -258,6 +300,15 @@ build_commands() {
 
 export_target_env() {
     local pair name
+    if [[ "$KV_PRECISION" == stock ]]; then
+        for name in "${TARGET_STOCK_UNSET[@]}"; do
+            if [[ -n "${!name+set}" ]]; then
+                echo "note: ${name}=${!name} from your environment is unset for" \
+                    "KV_PRECISION=stock (the public recipe does not set it)"
+            fi
+            unset "$name"
+        done
+    fi
     for pair in "${TARGET_ENV[@]}" "${PRECISION_ENV[@]}"; do
         name="${pair%%=*}"
         if [[ -n "${!name:-}" && "${!name}" != "${pair#*=}" ]]; then
@@ -280,8 +331,27 @@ stop_server() {
             waited=$((waited + 1))
         done
         kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+        # Gone, every process of its group, before anything else starts on
+        # these GPUs (the next pool, or the job scheduler's next job).
+        wait "$SERVER_PID" 2>/dev/null || true
+        waited=0
+        while kill -0 -- "-$SERVER_PID" 2>/dev/null && ((waited < 50)); do
+            sleep 0.2
+            waited=$((waited + 1))
+        done
     fi
     SERVER_PID=""
+}
+
+stop_pool() {
+    # A compare run told to stop (a job scheduler's cancel sends TERM to this
+    # process alone): stop the running pool's foreground step, so that its
+    # own EXIT trap stops its server, then wait until it has.
+    [[ -n "$POOL_PID" ]] || return 0
+    pkill -TERM -P "$POOL_PID" 2>/dev/null || true
+    kill -TERM "$POOL_PID" 2>/dev/null || true
+    wait "$POOL_PID" 2>/dev/null || true
+    POOL_PID=""
 }
 
 fail_with_log() {
@@ -304,6 +374,14 @@ wait_for_health() {
 }
 
 confirm_pool() {
+    if [[ "$KV_PRECISION" == stock ]]; then
+        # Stock vLLM has nothing to say about its pool; what must hold is
+        # that this plugin did not load.
+        ! grep -qF "$ACTIVE_LINE" "$SERVER_LOG" ||
+            fail_with_log "the server log has a '${ACTIVE_LINE}' line: KV_PRECISION=stock must run without the plugin (VLLM_PLUGINS=${VLLM_PLUGINS:-})"
+        echo "  no '${ACTIVE_LINE}' line: stock vLLM"
+        return 0
+    fi
     # The plugin's own account of the pool this server built, from its log.
     grep -qF "$ACTIVE_LINE" "$SERVER_LOG" ||
         fail_with_log "no '${ACTIVE_LINE}' line in the server log: the plugin is not loaded (is it installed in this environment, and not left out by VLLM_PLUGINS?)"
@@ -344,8 +422,8 @@ compare_pools() {
     read -r -a pools <<<"$COMPARE_POOLS"
     for pool in "${pools[@]}"; do
         case "$pool" in
-        fp8 | bf16 | mixed) ;;
-        *) usage_error "COMPARE_POOLS has ${pool}; each pool is one of: fp8 bf16 mixed" ;;
+        fp8 | bf16 | mixed | stock) ;;
+        *) usage_error "COMPARE_POOLS has ${pool}; each pool is one of: stock fp8 bf16 mixed" ;;
         esac
         [[ "$seen" != *" $pool "* ]] || usage_error "COMPARE_POOLS names ${pool} twice"
         seen+="$pool "
@@ -356,10 +434,18 @@ compare_pools() {
         --workload "ISL=${ISL} OSL=${OSL} CONC=${CONC} TP=${TP} MAX_MODEL_LEN=${MAX_MODEL_LEN}"
         "${pools[@]}")
     echo "== ${TARGET}: KV_PRECISION=compare: ${pools[*]}, one server at a time; reference ${pools[0]}"
+    trap 'stop_pool; exit 143' TERM
+    trap 'stop_pool; exit 130' INT
+    trap 'stop_pool; exit 129' HUP
     for pool in "${pools[@]}"; do
         echo "== compare: KV_PRECISION=${pool} (results in ${RESULT_DIR}/${pool})"
+        # In the background and waited for, so that a signal to this process
+        # is handled at once, not when the pool ends.
         KV_PRECISION="$pool" RESULT_DIR="${RESULT_DIR}/${pool}" \
-            MINIMAXM3_COMPARE_CHILD=1 bash "$0" "$@" || status=$?
+            MINIMAXM3_COMPARE_CHILD=1 bash "$0" "$@" &
+        POOL_PID=$!
+        wait "$POOL_PID" || status=$?
+        POOL_PID=""
         if ((status != 0)); then
             local left=("${pools[@]:${#done_pools[@]}+1}")
             echo "== compare stopped at KV_PRECISION=${pool} (exit ${status});" \
@@ -420,8 +506,9 @@ minimaxm3_main() {
     [[ -z "$CHECK_MODEL_NOTE" ]] || echo "  ($CHECK_MODEL_NOTE)"
     local verdict=0
     "${CHECK_CMD[@]}" || verdict=$?
-    # check exits 3 for a mixed pool the operator opted into.
-    if ! [[ "$verdict" == 0 || ("$verdict" == 3 && "$KV_PRECISION" == mixed) ]]; then
+    # check exits 3 for a mixed pool the operator opted into, and for stock
+    # vLLM's mixed pool (the plugin off).
+    if ! [[ "$verdict" == 0 || ("$verdict" == 3 && "$KV_PRECISION" =~ ^(mixed|stock)$) ]]; then
         echo "error: ${COMPARE_CHILD:+KV_PRECISION=${KV_PRECISION}: }preflight failed" \
             "for ${TARGET} (check exit ${verdict}); not launching" >&2
         exit 2
@@ -434,7 +521,9 @@ minimaxm3_main() {
     mkdir -p "$RESULT_DIR"
     SERVER_LOG="$RESULT_DIR/server.log"
     trap stop_server EXIT
-    trap 'exit 130' INT TERM
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    trap 'exit 129' HUP
     # A session of its own, so stopping it stops every worker it spawned.
     setsid "${SERVE_CMD[@]}" >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!

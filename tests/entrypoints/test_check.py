@@ -59,6 +59,19 @@ def basic():
                 "argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"],
                 "env": {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
             },
+            {  # the public MI355X recipe's parser flags, on the bundled config
+                "argv": [
+                    "--target",
+                    "mi355x",
+                    "--kv-cache-dtype",
+                    "fp8",
+                    "-tp",
+                    "8",
+                    "--reasoning-parser",
+                    "minimax_m3",
+                ],
+                "env": AITER_ON,
+            },
         ]
     )
 
@@ -121,6 +134,16 @@ def test_opted_in_mixed_pool_is_reported_honestly(basic):
     assert plan["kv_block_zeroer"].startswith("built and honoured on every worker")
     assert plan["indexer_kv_dtype"] == "bf16"
     assert plan["token_capacity_vs_stock"] == pytest.approx(1.0)
+
+
+def test_a_reasoning_parser_is_set_aside_on_the_bundled_config(basic):
+    # vLLM builds the parser from the checkpoint's tokenizer, which the
+    # bundled config lacks; the pool is judged and the plan says what was not.
+    result = basic[10]
+    assert result["exit"] == 0, result
+    plan = result["plan"]
+    assert plan["uniform_precision"] and plan["indexer_kv_dtype"] == "fp8"
+    assert plan["not_judged"].startswith("--reasoning-parser minimax_m3 (it needs")
 
 
 # -- the check's verdict equals the live plugin's on the same hardware ----------

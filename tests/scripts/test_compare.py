@@ -5,6 +5,10 @@ stand-in `vllm` (and `lm_eval`), whose figures each test sets per pool."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -12,6 +16,7 @@ from tests.scripts.test_launch_scripts import (
     assert_no_server_left,
     inputs,
     run_script,
+    script_process,
     server_pids,
 )
 
@@ -46,39 +51,83 @@ def sections(out: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("script", "shuffle"), [(MI355X, True), ("minimaxm3_fp8_b300.sh", False)]
+    ("script", "rocm"), [(MI355X, True), ("minimaxm3_fp8_b300.sh", False)]
 )
-def test_dry_run_prints_each_pools_environment_and_commands(tmp_path, script, shuffle):
+def test_dry_run_starts_with_todays_public_recipe_then_the_fp8_pool(
+    tmp_path, script, rocm
+):
     # Each pool's real preflight on MI355X; on B300 what the dry run prints.
-    preflight = {} if shuffle else NO_PREFLIGHT
-    values = inputs(tmp_path, KV_PRECISION="compare", **preflight)
+    preflight = {} if rocm else NO_PREFLIGHT
+    # An operator's AITER variables, as set in many images: the public
+    # recipe's pool does not keep them.
+    values = inputs(
+        tmp_path, KV_PRECISION="compare", VLLM_ROCM_USE_AITER="1", **preflight
+    )
     proc = run_script(script, values, "--dry-run")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = sections(proc.stdout)
-    assert list(runs) == ["mixed", "fp8"]  # the public recipe first: the reference
-    for pool, layout, indexer in (("fp8", "1", "fp8"), ("mixed", "0", "bf16")):
-        run = runs[pool]
-        serve = [
+    assert list(runs) == ["stock", "fp8"]  # the public recipe first: the reference
+    serve = {
+        pool: next(
             line
             for line in run.splitlines()
             if line.split()[1:2] == ["serve"] and not line.startswith("==")
-        ]
-        assert len(serve) == 1, run
-        assert f"--attention-config.indexer_kv_dtype {indexer}" in serve[0]
-        assert ("  VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=" + layout in run) is shuffle
-        assert "agreement probe" in run and " bench serve " in run
-        if preflight == {} and pool == "fp8":
-            assert "uniform precision        yes" in run
-    assert ("VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1" in runs["mixed"]) is True
+        )
+        for pool, run in runs.items()
+    }
+    environment = {
+        pool: run.split("== ", 2)[2].split("== serve", 1)[0]
+        for pool, run in runs.items()
+    }
+    stock = runs["stock"]
+    # Plugin off, no AITER variable, no opt-in, no explicit indexer dtype.
+    plugins = next(
+        line.split("=", 1)[1]
+        for line in environment["stock"].splitlines()
+        if line.strip().startswith("VLLM_PLUGINS=")
+    )
+    assert "minimax_m3_kv" not in plugins.split(",")
+    assert "VLLM_ROCM" not in environment["stock"]
+    assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED" not in stock
+    assert "--kv-cache-dtype fp8" in serve["stock"]
+    # The MI355X recipe leaves the indexer at auto; the B300 one sets fp8.
+    assert ("indexer_kv_dtype" in serve["stock"]) is not rocm
+    if rocm:
+        assert "note: VLLM_ROCM_USE_AITER=1 from your environment is unset" in stock
+        assert (
+            "InferenceX benchmarks/single_node/fixed_seq_len/minimaxm3_fp8_mi355x.sh"
+            in stock
+        )
+        # The preflight ran stock vLLM's plan: the plugin off, a mixed pool.
+        assert "off: VLLM_PLUGINS leaves out minimax_m3_kv" in stock
+        assert "  VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in environment["fp8"]
+        assert "uniform precision        yes" in runs["fp8"]
+    # Every other flag is the same in both pools: the pool is what differs.
+    common = set(serve["stock"].split()) - {"--kv-cache-dtype", "fp8"}
+    assert common <= set(serve["fp8"].split())
+    assert "--attention-config.indexer_kv_dtype fp8" in serve["fp8"]
     assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED" not in runs["fp8"]
+    assert "agreement probe" in stock and " bench serve " in stock
     assert "== compare report: " in proc.stdout
     assert "dry run: nothing started" in proc.stdout
     assert not (tmp_path / "server.pid").exists()
 
 
+def test_the_mixed_pool_stays_selectable(tmp_path):
+    values = inputs(
+        tmp_path, KV_PRECISION="compare", COMPARE_POOLS="mixed fp8", **NO_PREFLIGHT
+    )
+    proc = run_script(MI355X, values, "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = sections(proc.stdout)
+    assert list(runs) == ["mixed", "fp8"]
+    assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1" in runs["mixed"]
+    assert "  VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0" in runs["mixed"]
+
+
 def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
     pools = {
-        "mixed": {"output_throughput": 1000.0, "kv_tokens": 2_294_272, "gsm8k": 0.95},
+        "stock": {"output_throughput": 1000.0, "kv_tokens": 2_294_272, "gsm8k": 0.95},
         "fp8": {"output_throughput": 1100.0, "kv_tokens": 3_033_088, "gsm8k": 0.948},
     }
     proc = compare(tmp_path, pools, ISL="8192", CONC="64", **NO_PREFLIGHT)
@@ -86,38 +135,38 @@ def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
     out = proc.stdout
     assert len(server_pids(tmp_path)) == 2  # one server per pool, in turn
     assert_no_server_left(tmp_path)
-    assert "| mixed | 1,000.0 |" in out and "| fp8 | 1,100.0 |" in out
+    assert "| stock | 1,000.0 |" in out and "| fp8 | 1,100.0 |" in out
     assert "| 3,033,088 | 0.9480 (0.0060) | 40/40 | 40/40 | 100.0% |" in out
     assert decision(out) == (
-        "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs mixed; gsm8k 0.9480"
+        "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs stock; gsm8k 0.9480"
         " vs 0.9500 (within 1.96 standard errors); first tokens close on 40/40"
         " prompts; 1.32x KV tokens"
     )
     saved = report(tmp_path)
     assert saved["decision"]["run"] == "fp8"
-    assert [row["pool"] for row in saved["pools"]] == ["mixed", "fp8"]
+    assert [row["pool"] for row in saved["pools"]] == ["stock", "fp8"]
     assert saved["pools"][1]["agreement"]["prompts"] == 40
-    for pool in ("mixed", "fp8"):
+    for pool in ("stock", "fp8"):
         assert (tmp_path / "results" / pool / "agreement.json").exists()
         assert (tmp_path / "results" / pool / "result.json").exists()
 
 
 def test_a_slower_fp8_pool_leaves_todays_recipe_in_place(tmp_path):
     pools = {
-        "mixed": {"output_throughput": 1000.0},
+        "stock": {"output_throughput": 1000.0},
         "fp8": {"output_throughput": 920.0},
     }
     proc = compare(tmp_path, pools, **NO_PREFLIGHT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert decision(proc.stdout).startswith(
-        "decision: run KV_PRECISION=mixed: fastest (+8.7% output tok/s vs fp8)"
+        "decision: run KV_PRECISION=stock: fastest (+8.7% output tok/s vs fp8)"
     )
     assert_no_server_left(tmp_path)
 
 
 def test_a_gsm8k_drop_beyond_its_standard_error_rules_a_pool_out(tmp_path):
     pools = {
-        "mixed": {"output_throughput": 1000.0, "gsm8k": 0.95, "gsm8k_stderr": 0.006},
+        "stock": {"output_throughput": 1000.0, "gsm8k": 0.95, "gsm8k_stderr": 0.006},
         "fp8": {"output_throughput": 1300.0, "gsm8k": 0.92, "gsm8k_stderr": 0.007},
     }
     proc = compare(tmp_path, pools, **NO_PREFLIGHT)
@@ -125,15 +174,15 @@ def test_a_gsm8k_drop_beyond_its_standard_error_rules_a_pool_out(tmp_path):
     assert "fp8 not eligible: gsm8k 0.9200 vs 0.9500: lower by more than 1.96" in (
         proc.stdout
     )
-    assert decision(proc.stdout).startswith("decision: run KV_PRECISION=mixed")
+    assert decision(proc.stdout).startswith("decision: run KV_PRECISION=stock")
 
 
 def test_diverging_greedy_tokens_rule_a_pool_out(tmp_path):
-    pools = {"mixed": {}, "fp8": {"output_throughput": 1500.0, "diverge": 0.25}}
+    pools = {"stock": {}, "fp8": {"output_throughput": 1500.0, "diverge": 0.25}}
     proc = compare(tmp_path, pools, **NO_PREFLIGHT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fp8 not eligible: first tokens not close on" in proc.stdout
-    assert decision(proc.stdout).startswith("decision: run KV_PRECISION=mixed")
+    assert decision(proc.stdout).startswith("decision: run KV_PRECISION=stock")
     row = report(tmp_path)["pools"][1]["agreement"]
     assert 0 < row["first_token_close"] < row["prompts"]
     assert row["greedy_tokens_identical"] < 1.0
@@ -172,3 +221,41 @@ def test_compare_pools_are_checked_before_anything_starts(tmp_path, pools, says)
     assert proc.returncode == 64
     assert says in proc.stderr
     assert not (tmp_path / "server.pid").exists()
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_the_compare_parent_alone_leaves_nothing_running(
+    tmp_path, signal_number
+):
+    # A job scheduler's cancel: the signal reaches the compare parent only,
+    # while its first pool's server is starting (it never gets healthy).
+    values = inputs(
+        tmp_path,
+        KV_PRECISION="compare",
+        STANDIN_MODE="hang",
+        HEALTH_TIMEOUT_S="120",
+        **NO_PREFLIGHT,
+    )
+    proc = script_process(MI355X, values)
+    pidfile = tmp_path / "server.pid"
+    deadline = time.time() + 60
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "no server started"
+        time.sleep(0.2)
+    started = time.time()
+    os.kill(proc.pid, signal_number)
+    try:
+        out, err = proc.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the compare parent did not stop") from None
+    assert proc.returncode == 128 + signal_number, (out, err)
+    # Stopped, its server gone, well before the 120 s health timeout, and no
+    # later pool started.
+    assert time.time() - started < 40
+    assert len(server_pids(tmp_path)) == 1
+    for pid in server_pids(tmp_path):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert "KV_PRECISION=fp8" not in out

@@ -95,6 +95,20 @@ def serve_line(out: str) -> str:
     )
 
 
+def script_process(name: str, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """The script started as run_script starts it, not waited for."""
+    base = child_env()
+    path = f"{STANDIN}:{Path(sys.executable).parent}:{base.get('PATH', '')}"
+    return subprocess.Popen(
+        ["bash", str(SCRIPTS / name), *args],
+        env={**base, ADDRESS_ENV: server_address(), **env, "PATH": path},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def server_pids(tmp_path: Path) -> list[int]:
     """Every stand-in server this test started, in order."""
     return [int(line) for line in (tmp_path / "server.pid").read_text().split()]
@@ -353,7 +367,9 @@ def test_fp8_on_a_short_low_concurrency_workload_gets_one_advice_line(tmp_path):
 def test_unknown_kv_precision_is_refused(tmp_path):
     proc, _ = _dry_run(tmp_path, KV_PRECISION="int8")
     assert proc.returncode == 64
-    assert "KV_PRECISION=int8 is not one of: fp8 bf16 mixed compare" in proc.stderr
+    assert (
+        "KV_PRECISION=int8 is not one of: fp8 bf16 mixed stock compare" in proc.stderr
+    )
 
 
 def test_run_eval_checks_for_lm_eval_before_anything_starts(tmp_path):
@@ -398,9 +414,9 @@ def test_help_lists_every_input_with_its_default(script):
     assert set(every) == listed, set(every) ^ listed
     for name, default in (
         ("KV_PRECISION", "fp8"),
-        ("COMPARE_POOLS", "mixed fp8"),
-        ("GPU_MEMORY_UTILIZATION", "0.9"),
-        ("MAX_NUM_BATCHED_TOKENS", "16384"),
+        ("COMPARE_POOLS", "stock fp8"),
+        ("GPU_MEMORY_UTILIZATION", "unset: vLLM's default, as the public recipe"),
+        ("MAX_NUM_BATCHED_TOKENS", "unset: vLLM's default, as the public recipe"),
         ("HEALTH_TIMEOUT_S", "1800"),
         ("POOL_LINE_TIMEOUT_S", "60"),
     ):
@@ -416,10 +432,13 @@ def test_help_says_what_the_script_sets_on_your_behalf():
     rocm = run_script("minimaxm3_fp8_mi355x.sh", {}, "--help").stdout
     behalf = rocm.split("set for vllm serve on your behalf (mi355x):", 1)[1]
     for line in (
-        "VLLM_ROCM_USE_AITER=1  (always)",
+        "VLLM_ROCM_USE_AITER=1  (KV_PRECISION=fp8, bf16 or mixed; replaces your value)",
+        "VLLM_USE_BREAKABLE_CUDAGRAPH=0  (always)",
         "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1  (KV_PRECISION=fp8; replaces your value)",
         "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0  (KV_PRECISION=bf16 or mixed; replaces",
         "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1  (KV_PRECISION=mixed)",
+        "VLLM_PLUGINS=<every installed general plugin but minimax_m3_kv>  (KV_PRECISION=stock)",
+        "VLLM_ROCM_USE_AITER unset  (KV_PRECISION=stock)",
         "HIP_VISIBLE_DEVICES=$ROCR_VISIBLE_DEVICES  (when ROCR_VISIBLE_DEVICES is set)",
     ):
         assert line in behalf, behalf

@@ -460,6 +460,8 @@ class Plan:
     executor_note: str = ""
     kv_cache_dtype_source: str = "--kv-cache-dtype"
     """Where the main KV dtype came from: the flag, or the checkpoint."""
+    not_judged: str = ""
+    """Flags of the command this check set aside, and why."""
 
     def render(self) -> str:
         rows = [("plugin", self.plugin)] if self.plugin != "on" else []
@@ -492,6 +494,8 @@ class Plan:
         ]
         if self.executor_note:
             rows.append(("executor backend", self.executor_note))
+        if self.not_judged:
+            rows.append(("not judged", self.not_judged))
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -510,9 +514,19 @@ def plan_for(args: argparse.Namespace) -> Plan:
 
     if args.model_tag is not None:
         args.model = args.model_tag
+    not_judged = ""
     if args.model == EngineArgs.model:  # no model given: the bundled config
         args.model = bundled_model_path()
         args.skip_tokenizer_init = True
+        if args.reasoning_parser:
+            # vLLM builds the parser from the checkpoint's tokenizer, which
+            # the bundled config lacks; it does not touch the KV pool.
+            not_judged = (
+                f"--reasoning-parser {args.reasoning_parser} (it needs the "
+                "checkpoint's tokenizer, which the bundled config lacks; it "
+                "does not change the KV pool)"
+            )
+            args.reasoning_parser = ""
     try:
         # EngineArgs resolves a hub id to a local snapshot on construction.
         engine_args = EngineArgs.from_cli_args(args)
@@ -532,7 +546,10 @@ def plan_for(args: argparse.Namespace) -> Plan:
         engine_args, args.target, quiet=not args.verbose
     )
     if plugin_excluded():
-        return _stock_plan(model_config, facts, args.target, executor_note)
+        return replace(
+            _stock_plan(model_config, facts, args.target, executor_note),
+            not_judged=not_judged,
+        )
     resolved = verdict.indexer_kv_dtype
     tp = facts.tensor_parallel_size
     sizes = {
@@ -573,6 +590,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
         notes=list(verdict.notes),
         executor_note=executor_note,
         kv_cache_dtype_source=_kv_source(facts),
+        not_judged=not_judged,
     )
 
 
