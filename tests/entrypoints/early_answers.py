@@ -18,9 +18,15 @@ def main() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
     from vllm_minimax_m3_kv.entrypoints.check import (
+        build_parser,
         bundled_model_path,
         known_bad_flag,
         vllm_kv_cache_dtypes,
+    )
+    from vllm_minimax_m3_kv.entrypoints.serve_flags import (
+        flags_of_parser,
+        known_flags,
+        mistyped_flag,
     )
 
     def vllm_parses(value: str) -> bool:
@@ -66,6 +72,17 @@ def main() -> None:
                 ],
                 "tp_disagreements": tp_disagreements,
                 "tp_checked": len(sizes),
+                # The shipped flag list is the installed parser's, less
+                # check's own; and no flag vLLM takes is called a typo.
+                "serve_flags_of_vllm": [
+                    f
+                    for f in flags_of_parser(build_parser())
+                    if f not in ("--target", "--json", "--verbose")
+                ],
+                "serve_flags_shipped": known_flags(),
+                "valid_flags_called_typos": [
+                    f for f in flags_of_parser(build_parser()) if mistyped_flag([f], [])
+                ],
             }
         )
     )

@@ -131,6 +131,14 @@ def test_a_mistyped_command_says_so_and_version_needs_no_vllm():
             ", which vLLM requires; valid sizes: 1, 2, 4, 8, 16, 32, 64",
         ),
         (("--target", "b300", "--tensor_parallel_size=6"), "valid sizes: 1, 2, 4, 8"),
+        (
+            ("--target", "mi355x", "--kv-cache-dtpye", "fp8", "-tp", "8"),
+            "vLLM takes no flag --kv-cache-dtpye; did you mean --kv-cache-dtype?",
+        ),
+        (
+            ("--target", "mi355x", "--max_model_lenn=8192"),
+            "did you mean --max-model-len?",
+        ),
     ],
 )
 def test_known_bad_flag_values_are_answered_before_importing_vllm(argv, says):
@@ -150,6 +158,8 @@ def test_the_early_answers_agree_with_vllms_own_validation():
     assert answers["kv_typos_accepted_by_either"] == []
     assert answers["tp_disagreements"] == []
     assert answers["tp_checked"] >= 16
+    assert answers["serve_flags_shipped"] == answers["serve_flags_of_vllm"]
+    assert answers["valid_flags_called_typos"] == []
 
 
 def test_help_names_the_groups_and_where_the_indexer_dtype_is():

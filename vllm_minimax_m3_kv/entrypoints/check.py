@@ -54,6 +54,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     Verdict,
     stock_pool,
 )
+from vllm_minimax_m3_kv.entrypoints.serve_flags import mistyped_flag
 
 EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3
 
@@ -377,6 +378,11 @@ def judge_without_vllm(argv: list[str]) -> _OwnArgs:
         raise _UsageError(unreadable_model_message(model))
     if (problem := vllm_version_problem()) is not None:
         raise _UsageError(f"{problem}. {SUPPORTED_VLLM_INSTALL}")
+    own_flags = [
+        option for action in own_parser()._actions for option in action.option_strings
+    ]
+    if (typo := mistyped_flag(rest, own_flags)) is not None:
+        raise _UsageError(f"vLLM takes no flag {typo}")
     if (bad := known_bad_flag(rest, model)) is not None:
         raise _UsageError(f"vLLM refuses these flags: {bad}")
     return _OwnArgs(target, False, model)
