@@ -19,6 +19,7 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,19 @@ def _record(index: int) -> str:
     )
 
 
-def agreement_prompts(max_model_len: int, max_tokens: int) -> list[dict[str, Any]]:
+def agreement_prompts(
+    max_model_len: int,
+    max_tokens: int,
+    count_tokens: Callable[[str], int] | None = None,
+) -> list[dict[str, Any]]:
     """The fixed prompt set: short completions and long retrieval prompts
-    (find one record in a list of many), at least 32, deterministic."""
+    (find one record in a list of many), at least 32, deterministic.
+
+    With ``count_tokens`` (the served tokenizer, through vLLM's /tokenize),
+    a prompt longer than ``max_model_len - max_tokens`` loses records until
+    it fits; without it, lengths are estimated at CHARS_PER_TOKEN."""
     budget = max(64, max_model_len - max_tokens - 64)
+    fits = max_model_len - max_tokens
     prompts = [
         {"id": f"short-{i:02d}", "prompt": p} for i, p in enumerate(SHORT_PROMPTS)
     ]
@@ -83,16 +93,24 @@ def agreement_prompts(max_model_len: int, max_tokens: int) -> list[dict[str, Any
                 lines.append(_record(index + len(lines)))
             if not lines:
                 lines.append(_record(index))
-            asked = lines[(variant * 2 + 1) * len(lines) // 8]
-            depot = asked.split("depot ", 1)[1].split(" is", 1)[0]
-            question = f"Question: what is the access code for depot {depot}?\nAnswer:"
-            prompts.append(
-                {
-                    "id": f"records-{target}-{variant}",
-                    "prompt": "".join(lines) + question,
-                }
-            )
+            prompt = _records_prompt(lines, variant)
+            while count_tokens is not None and len(lines) > 1:
+                counted = count_tokens(prompt)
+                if counted <= fits:
+                    break
+                # Shrink in proportion, a little past it, and count again.
+                keep = max(1, min(len(lines) - 1, int(len(lines) * fits / counted * 0.95)))
+                lines = lines[:keep]
+                prompt = _records_prompt(lines, variant)
+            prompts.append({"id": f"records-{target}-{variant}", "prompt": prompt})
     return prompts
+
+
+def _records_prompt(lines: list[str], variant: int) -> str:
+    asked = lines[(variant * 2 + 1) * len(lines) // 8]
+    depot = asked.split("depot ", 1)[1].split(" is", 1)[0]
+    question = f"Question: what is the access code for depot {depot}?\nAnswer:"
+    return "".join(lines) + question
 
 
 # --- probe -----------------------------------------------------------------
@@ -117,10 +135,39 @@ def _complete(base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
         return json.loads(response.read())
 
 
+def _post(base_url: str, path: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        f"{base_url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.loads(response.read())
+
+
+def _refusal(error: urllib.error.HTTPError) -> str:
+    """The server's own words for a refused request (vLLM's ErrorResponse)."""
+    try:
+        body = json.loads(error.read())
+        return str(body.get("error", body).get("message", body))
+    except (ValueError, AttributeError, OSError):
+        return str(error)
+
+
 def probe(options: argparse.Namespace) -> int:
     base_url = f"http://127.0.0.1:{options.port}"
+
+    def count_tokens(prompt: str) -> int:
+        # The served tokenizer, as vLLM counts the prompt against max_model_len.
+        return int(_post(base_url, "/tokenize", {"model": options.model, "prompt": prompt})["count"])
+
     answers = []
-    for item in agreement_prompts(options.max_model_len, options.max_tokens):
+    try:
+        prompts = agreement_prompts(options.max_model_len, options.max_tokens, count_tokens)
+    except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
+        print(f"agreement probe: the server's /tokenize failed: {error}", file=sys.stderr)
+        return 1
+    for item in prompts:
         try:
             reply = _complete(
                 base_url, options.model, item["prompt"], options.max_tokens
@@ -134,6 +181,13 @@ def probe(options: argparse.Namespace) -> int:
                     "first_top": logprobs["top_logprobs"][0],
                 }
             )
+        except urllib.error.HTTPError as error:
+            print(
+                f"prompt {item['id']} ({len(item['prompt'])} characters) refused by "
+                f"the server: HTTP {error.code}: {_refusal(error)}",
+                file=sys.stderr,
+            )
+            return 1
         except (
             urllib.error.URLError,
             OSError,
@@ -174,11 +228,12 @@ def kv_tokens(server_log: Path) -> int | None:
     return min(found) if found else None
 
 
-def gsm8k(eval_dir: Path) -> tuple[float, float] | None:
+def gsm8k(eval_dir: Path, task_name: str = "gsm8k") -> tuple[float, float] | None:
     """lm-eval's gsm8k strict-match score and stderr (newest results file)."""
     files = sorted(eval_dir.glob("**/results_*.json"), key=lambda p: p.stat().st_mtime)
     for path in reversed(files):
-        task = ((_read_json(path) or {}).get("results") or {}).get("gsm8k") or {}
+        results = (_read_json(path) or {}).get("results") or {}
+        task = results.get(task_name) or {}
         if "exact_match,strict-match" in task:
             return (
                 float(task["exact_match,strict-match"]),
@@ -229,10 +284,12 @@ def agreement(reference: dict, other: dict) -> dict[str, Any]:
     }
 
 
-def pool_row(result_dir: Path, pool: str, result_filename: str) -> dict[str, Any]:
+def pool_row(
+    result_dir: Path, pool: str, result_filename: str, eval_task: str = "gsm8k"
+) -> dict[str, Any]:
     directory = result_dir / pool
     bench = _read_json(directory / result_filename) or {}
-    score = gsm8k(directory / "eval")
+    score = gsm8k(directory / "eval", eval_task)
     return {
         "pool": pool,
         "output_throughput": bench.get("output_throughput"),
@@ -349,7 +406,8 @@ def table(rows: list[dict]) -> str:
 def report(options: argparse.Namespace) -> int:
     result_dir = Path(options.result_dir)
     rows = [
-        pool_row(result_dir, pool, options.result_filename) for pool in options.pools
+        pool_row(result_dir, pool, options.result_filename, options.eval_task)
+        for pool in options.pools
     ]
     reference_probe = _read_json(result_dir / options.pools[0] / PROBE_FILE)
     for row in rows[1:]:
@@ -389,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--result-dir", required=True)
     r.add_argument("--result-filename", required=True)
     r.add_argument("--workload", default="")
+    r.add_argument("--eval-task", default="gsm8k", help="lm-eval task to read")
     r.add_argument("pools", nargs="+")
     options = parser.parse_args(argv)
     return probe(options) if options.command == "probe" else report(options)

@@ -22,7 +22,7 @@
 
 REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
-OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL
+OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL EVAL_TASK EVAL_INCLUDE_PATH
     GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S
     POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN)
 
@@ -87,6 +87,8 @@ optional environment (default):
   MODEL_PATH              local checkpoint served and judged instead of MODEL (unset)
   PP                      pipeline parallel size (unset)
   RUN_EVAL                true|false (1|0): lm-eval gsm8k after the benchmark (false)
+  EVAL_TASK               the lm-eval task RUN_EVAL runs, scored by strict match (gsm8k)
+  EVAL_INCLUDE_PATH       lm-eval --include_path, for a task of your own (unset)
   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (unset: vLLM's default, as the public recipe)
   MAX_NUM_BATCHED_TOKENS  --max-num-batched-tokens (unset: vLLM's default, as the public recipe)
   HEALTH_TIMEOUT_S        seconds to wait for /health (${DEFAULT_HEALTH_TIMEOUT_S})
@@ -276,9 +278,13 @@ build_commands() {
         --num-prompts "$((CONC * 10))" --max-concurrency "$CONC"
         --save-result --result-dir "$RESULT_DIR"
         --result-filename "$RESULT_FILENAME")
-    EVAL_CMD=(lm_eval --model local-completions --tasks gsm8k
-        --model_args "model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False"
+    # tokenizer_backend=none: lm-eval sends text and needs no tokenizer of its
+    # own (else it asks /tokenizer_info, which vllm serve answers only with
+    # --enable-tokenizer-info-endpoint, then imports transformers).
+    EVAL_CMD=(lm_eval --model local-completions --tasks "${EVAL_TASK:-gsm8k}"
+        --model_args "model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False,tokenizer_backend=none"
         --output_path "$RESULT_DIR/eval")
+    [[ -z "${EVAL_INCLUDE_PATH:-}" ]] || EVAL_CMD+=(--include_path "$EVAL_INCLUDE_PATH")
     PROBE_CMD=(python3 "$COMPARE_HELPER" probe --port "$PORT"
         --model "$SERVED_MODEL" --max-model-len "$MAX_MODEL_LEN"
         --out "$RESULT_DIR/agreement.json")
@@ -432,6 +438,7 @@ compare_pools() {
     local report_cmd=(python3 "$COMPARE_HELPER" report --result-dir "$RESULT_DIR"
         --result-filename "$RESULT_FILENAME"
         --workload "ISL=${ISL} OSL=${OSL} CONC=${CONC} TP=${TP} MAX_MODEL_LEN=${MAX_MODEL_LEN}"
+        --eval-task "${EVAL_TASK:-gsm8k}"
         "${pools[@]}")
     echo "== ${TARGET}: KV_PRECISION=compare: ${pools[*]}, one server at a time; reference ${pools[0]}"
     trap 'stop_pool; exit 143' TERM

@@ -60,13 +60,14 @@ def run_script(
     timeout: float = 240,
     default_check_bin: bool = False,
     with_eval: bool = False,
+    vllm_dir: Path | None = None,
 ):
     """The script with the stand-in `vllm` first on PATH. Its preflight is the
     real check, run in a child of this session's fork server: as CHECK_BIN,
     or, with ``default_check_bin``, as the ``vllm-minimax-m3-kv`` the script
     finds on PATH when CHECK_BIN is unset."""
     base = child_env()
-    path = f"{STANDIN}:{Path(sys.executable).parent}:{base.get('PATH', '')}"
+    path = f"{vllm_dir or STANDIN}:{Path(sys.executable).parent}:{base.get('PATH', '')}"
     if default_check_bin:
         path = f"{FORKED_CHECK.parent}:{path}"
     if with_eval:

@@ -1,0 +1,226 @@
+"""A `vllm serve` for the launch-script tests, built from vLLM 0.33's own
+protocol classes, so the real `vllm bench serve` client and real lm-eval can
+be run against it on a CPU.
+
+``python -m tests.scripts.protocol_server serve MODEL --port P --max-model-len N
+[any other vllm serve flags]``
+
+Requests are validated by vLLM's ``CompletionRequest`` and
+``TokenizeCompletionRequest`` (a body vLLM would refuse gets HTTP 400);
+responses are vLLM's ``CompletionResponse`` / ``CompletionStreamResponse``
+with ``CompletionLogProbs``, ``TokenizeResponse`` and ``ModelList``. Prompts
+are tokenized with the checkpoint's own tokenizer, as vLLM does, and one past
+``--max-model-len`` minus ``max_tokens`` is refused with HTTP 400. The tokens
+it "generates" depend on the prompt alone; a prompt ending in ``Answer:``
+gets a gsm8k-style answer, ``#### N``, N from the prompt.
+
+The log lines the launch scripts confirm are printed as vLLM and this plugin
+print them, for the pool the flags and ``VLLM_PLUGINS`` make.
+"""
+
+
+import argparse
+import hashlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+PLUGIN_LINES = (
+    "vllm-minimax-m3-kv active: minimax_m3_config_hook, "
+    "minimax_m3_indexer_cache_storage, minimax_m3_kv_zeroing_decision, "
+    "minimax_m3_kv_allow_mixed_env"
+)
+
+
+def _digest(*parts: object) -> int:
+    return int(hashlib.sha256(repr(parts).encode()).hexdigest()[:8], 16)
+
+
+def log_startup(flags: argparse.Namespace) -> None:
+    """What vLLM's log holds for this pool (read by the launch scripts)."""
+    listed = os.environ.get("VLLM_PLUGINS")
+    plugin = listed is None or "minimax_m3_kv" in listed.split(",")
+    if plugin:
+        print(f"(APIServer pid=1) INFO [__init__.py:46] {PLUGIN_LINES}", flush=True)
+    fp8 = flags.kv_cache_dtype == "fp8"
+    print(
+        "(EngineCore pid=2) INFO [kv_cache_utils.py:1147] GPU KV cache size: "
+        f"{3_033_088 if fp8 else 2_294_272:,} tokens, Maximum concurrency for "
+        "8,192 tokens per request: 280.06x",
+        flush=True,
+    )
+    if not plugin:
+        return
+    if os.environ.get("VLLM_MINIMAX_M3_KV_ALLOW_MIXED") == "1":
+        print(
+            "(EngineCore pid=2) WARNING [kv_cache_zeroing.py:82] MiniMax-M3 KV pool: "
+            "mixed precision (bfloat16/NONE, uint8/FP8_PER_TENSOR); every one of 8 "
+            "workers and the scheduler zero newly allocated blocks.",
+            flush=True,
+        )
+        return
+    precision = "uint8/FP8_PER_TENSOR" if fp8 else "bfloat16/NONE"
+    print(
+        "(EngineCore pid=2) INFO [kv_cache_zeroing.py:76] MiniMax-M3 KV pool: one "
+        f"precision ({precision}) on all 8 workers; no KV block zeroer is built.",
+        flush=True,
+    )
+
+
+def make_app(model: str, served_name: str, max_model_len: int) -> Any:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from pydantic import ValidationError
+    from transformers import AutoTokenizer
+    from vllm.entrypoints.openai.completion.protocol import (
+        CompletionLogProbs,
+        CompletionRequest,
+        CompletionResponse,
+        CompletionResponseChoice,
+        CompletionResponseStreamChoice,
+        CompletionStreamResponse,
+    )
+    from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList, UsageInfo
+    from vllm.entrypoints.serve.tokenize.protocol import (
+        TokenizeCompletionRequest,
+        TokenizeResponse,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    vocab = len(tokenizer)
+    app = FastAPI()
+
+    def error(message: str, status: int = 400) -> JSONResponse:
+        # vLLM's ErrorResponse shape.
+        body = {
+            "error": {"message": message, "type": "BadRequestError", "code": status}
+        }
+        return JSONResponse(body, status_code=status)
+
+    def generate(prompt: str, count: int) -> list[int]:
+        if prompt.rstrip().endswith("Answer:"):
+            answer = f" #### {_digest(prompt) % 10}"
+            ids = tokenizer.encode(answer, add_special_tokens=False)
+            return (ids + [tokenizer.eos_token_id or 0] * count)[:count]
+        return [_digest(prompt, i) % vocab for i in range(count)]
+
+    def logprobs_of(ids: list[int], top: int) -> CompletionLogProbs:
+        tokens = [tokenizer.decode([i]) for i in ids]
+        tops = []
+        for position, token in enumerate(tokens):
+            others = {
+                tokenizer.decode([(_digest(position, k) % vocab)]): -2.0 - k
+                for k in range(top - 1)
+            }
+            tops.append({**others, token: -0.1})
+        return CompletionLogProbs(
+            tokens=tokens,
+            token_logprobs=[-0.1] * len(tokens),
+            top_logprobs=tops,
+            text_offset=list(range(len(tokens))),
+        )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({})
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        card = ModelCard(id=served_name, root=model, max_model_len=max_model_len)
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @app.post("/tokenize")
+    async def tokenize(raw: Request) -> JSONResponse:
+        try:
+            request = TokenizeCompletionRequest.model_validate(await raw.json())
+        except ValidationError as invalid:
+            return error(str(invalid))
+        ids = tokenizer.encode(
+            request.prompt, add_special_tokens=request.add_special_tokens
+        )
+        reply = TokenizeResponse(
+            count=len(ids), max_model_len=max_model_len, tokens=ids
+        )
+        return JSONResponse(reply.model_dump())
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request) -> Any:
+        try:
+            request = CompletionRequest.model_validate(await raw.json())
+        except ValidationError as invalid:
+            return error(str(invalid))
+        prompt = request.prompt
+        if not isinstance(prompt, str):
+            return error("this test server takes one text prompt per request")
+        prompt_ids = tokenizer.encode(prompt)
+        wanted = request.max_tokens or 16
+        if len(prompt_ids) + wanted > max_model_len:
+            return error(
+                f"This model's maximum context length is {max_model_len} tokens. "
+                f"However, you requested {len(prompt_ids) + wanted} tokens "
+                f"({len(prompt_ids)} in the messages, {wanted} in the completion)."
+            )
+        ids = generate(prompt, wanted)
+        usage = UsageInfo(
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(ids),
+            total_tokens=len(prompt_ids) + len(ids),
+        )
+        top = request.logprobs
+        if not request.stream:
+            choice = CompletionResponseChoice(
+                index=0,
+                text=tokenizer.decode(ids),
+                logprobs=None if top is None else logprobs_of(ids, max(top, 1)),
+                finish_reason="length",
+            )
+            reply = CompletionResponse(model=served_name, choices=[choice], usage=usage)
+            return JSONResponse(reply.model_dump())
+
+        def events() -> Iterator[str]:
+            for position, token in enumerate(ids):
+                choice = CompletionResponseStreamChoice(
+                    index=0,
+                    text=tokenizer.decode([token]),
+                    finish_reason="length" if position == len(ids) - 1 else None,
+                )
+                chunk = CompletionStreamResponse(model=served_name, choices=[choice])
+                yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+            options = request.stream_options
+            if options is not None and options.include_usage:
+                final = CompletionStreamResponse(
+                    model=served_name, choices=[], usage=usage
+                )
+                yield f"data: {final.model_dump_json(exclude_unset=True)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=["serve"])
+    parser.add_argument("model")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--served-model-name")
+    flags, _ = parser.parse_known_args(argv)
+    pidfile = os.environ.get("STANDIN_PIDFILE")
+    if pidfile:
+        with open(pidfile, "a") as pids:
+            pids.write(f"{os.getpid()}\n")
+    app = make_app(
+        flags.model, flags.served_model_name or flags.model, flags.max_model_len
+    )
+    log_startup(flags)
+    import uvicorn
+
+    uvicorn.run(app, host="127.0.0.1", port=flags.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

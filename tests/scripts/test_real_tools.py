@@ -1,0 +1,160 @@
+"""KV_PRECISION=compare with the real tools: the installed vLLM's own `vllm
+bench serve` and real lm-eval, against a test server built from vLLM's own
+protocol classes (``protocol_server.py``), serving a checkpoint whose
+tokenizer is denser than the probe's estimate (one token per character)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import string
+from pathlib import Path
+
+import pytest
+
+from sim.process import REPO
+from tests.scripts.test_launch_scripts import assert_no_server_left, inputs, run_script
+
+REAL_TOOLS = Path(__file__).parent / "real_tools"
+QUESTIONS = [
+    # question, answer: the test server answers "#### N", N from the prompt.
+    (f"What is {a} plus {b}?", a + b)
+    for a, b in [
+        (1, 2),
+        (2, 2),
+        (3, 4),
+        (1, 5),
+        (2, 6),
+        (4, 4),
+        (3, 3),
+        (0, 7),
+        (5, 4),
+        (6, 0),
+    ]
+]
+EVAL_TASK = "gsm8k_local"
+
+
+def char_tokenizer_checkpoint(folder: Path) -> Path:
+    """The tiny MiniMax-M3 config with a one-token-per-character tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for char in sorted(set(string.printable)):
+        vocab.setdefault(char, len(vocab))
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    folder.mkdir(parents=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "<unk>",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "model_max_length": 1_000_000,
+            }
+        )
+    )
+    shutil.copy(REPO / "tests" / "data" / "minimax_m3_tiny" / "config.json", folder)
+    return folder
+
+
+def gsm8k_format_task(folder: Path) -> Path:
+    """A gsm8k-format lm-eval task on a local set (strict match on #### N)."""
+    folder.mkdir(parents=True)
+    data = folder / "test.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"question": q, "answer": f"Work it out.\n#### {a}"}) + "\n"
+            for q, a in QUESTIONS
+        )
+    )
+    (folder / f"{EVAL_TASK}.yaml").write_text(
+        f"""task: {EVAL_TASK}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: true
+    ignore_punctuation: false
+    regexes_to_ignore: [",", "\\\\$", "(?s).*#### ", "\\\\.$"]
+generation_kwargs:
+  until: ["Question:", "</s>"]
+  do_sample: false
+  temperature: 0.0
+  max_gen_toks: 16
+filter_list:
+  - name: strict-match
+    filter:
+      - function: regex
+        regex_pattern: "#### (\\\\-?[0-9\\\\.\\\\,]+)"
+      - function: take_first
+metadata:
+  version: 1.0
+"""
+    )
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("lm_eval") is None,
+    reason="lm-eval is not installed (pip install 'lm-eval[api]'; CI installs it)",
+)
+def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
+    checkpoint = char_tokenizer_checkpoint(tmp_path / "checkpoint")
+    task = gsm8k_format_task(tmp_path / "task")
+    values = inputs(
+        tmp_path,
+        KV_PRECISION="compare",
+        RUN_EVAL="1",
+        EVAL_TASK=EVAL_TASK,
+        EVAL_INCLUDE_PATH=str(task),
+        MODEL_PATH=str(checkpoint),
+        # Long probe prompts are estimated at 2.5 characters a token; this
+        # tokenizer takes one a character, so only /tokenize keeps them in.
+        MAX_MODEL_LEN="4096",
+        ISL="64",
+        OSL="8",
+        CONC="2",
+        HEALTH_TIMEOUT_S="180",
+        CHECK_BIN="true",  # the preflight is tested on its own elsewhere
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+    )
+    proc = run_script("minimaxm3_fp8_b300.sh", values, vllm_dir=REAL_TOOLS, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert_no_server_left(tmp_path)
+    results = tmp_path / "results"
+    saved = json.loads((results / "compare.json").read_text())
+    rows = {row["pool"]: row for row in saved["pools"]}
+    assert list(rows) == ["stock", "fp8"]
+    for pool, row in rows.items():
+        # The figures are what the real tools wrote: vllm bench serve's result
+        # file, lm-eval's results file.
+        bench = json.loads((results / pool / "result.json").read_text())
+        assert bench["completed"] == 20 and bench["failed"] == 0, bench
+        assert row["output_throughput"] == pytest.approx(bench["output_throughput"])
+        assert row["median_ttft_ms"] == pytest.approx(bench["median_ttft_ms"])
+        (lm_eval_file,) = (results / pool / "eval").glob("**/results_*.json")
+        scores = json.loads(lm_eval_file.read_text())["results"][EVAL_TASK]
+        assert row["gsm8k"] == pytest.approx(scores["exact_match,strict-match"])
+        assert row["gsm8k_stderr"] == pytest.approx(
+            scores["exact_match_stderr,strict-match"]
+        )
+        probe = json.loads((results / pool / "agreement.json").read_text())
+        assert len(probe["answers"]) == 40  # none refused for its length
+    assert rows["fp8"]["agreement"]["prompts"] == 40
+    assert "decision: run KV_PRECISION=" in proc.stdout
