@@ -99,7 +99,9 @@ def agreement_prompts(
                 if counted <= fits:
                     break
                 # Shrink in proportion, a little past it, and count again.
-                keep = max(1, min(len(lines) - 1, int(len(lines) * fits / counted * 0.95)))
+                keep = max(
+                    1, min(len(lines) - 1, int(len(lines) * fits / counted * 0.95))
+                )
                 lines = lines[:keep]
                 prompt = _records_prompt(lines, variant)
             prompts.append({"id": f"records-{target}-{variant}", "prompt": prompt})
@@ -159,13 +161,21 @@ def probe(options: argparse.Namespace) -> int:
 
     def count_tokens(prompt: str) -> int:
         # The served tokenizer, as vLLM counts the prompt against max_model_len.
-        return int(_post(base_url, "/tokenize", {"model": options.model, "prompt": prompt})["count"])
+        return int(
+            _post(base_url, "/tokenize", {"model": options.model, "prompt": prompt})[
+                "count"
+            ]
+        )
 
     answers = []
     try:
-        prompts = agreement_prompts(options.max_model_len, options.max_tokens, count_tokens)
+        prompts = agreement_prompts(
+            options.max_model_len, options.max_tokens, count_tokens
+        )
     except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
-        print(f"agreement probe: the server's /tokenize failed: {error}", file=sys.stderr)
+        print(
+            f"agreement probe: the server's /tokenize failed: {error}", file=sys.stderr
+        )
         return 1
     for item in prompts:
         try:

@@ -18,7 +18,6 @@ The log lines the launch scripts confirm are printed as vLLM and this plugin
 print them, for the pool the flags and ``VLLM_PLUGINS`` make.
 """
 
-
 import argparse
 import hashlib
 import os
