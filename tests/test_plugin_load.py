@@ -305,3 +305,31 @@ def test_aiter_msa_probe_is_cached_until_the_import_system_is_told(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         importlib.invalidate_caches()
+
+
+def test_the_active_line_reaches_the_api_servers_log():
+    # vllm serve's API server loads plugins while parsing its flags (logging
+    # not configured yet, so INFO lines are dropped), then configures logging
+    # in create_engine_config; the line must appear there, once.
+    proc = fork_python(
+        [
+            "-c",
+            textwrap.dedent(
+                """
+                from sim.hardware import simulate
+                simulate("mi355x")
+                import vllm.plugins
+                vllm.plugins.load_general_plugins()  # as add_cli_args does
+                from sim import engine as sim
+                for _ in range(2):
+                    sim.make_engine_args({"max_model_len": 8192}).create_engine_config()
+                """
+            ),
+        ],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert log.count("vllm-minimax-m3-kv active: minimax_m3_config_hook") == 1, log[
+        -3000:
+    ]

@@ -8,11 +8,15 @@ model or kernel code and never touches the GPU. What it changes is listed in
 
 from __future__ import annotations
 
+import logging
+
 __all__ = ["register"]
 
 _registered: bool | None = None
 _applied: tuple[str, ...] = ()
 """The registry entries this process applied (``patches.PATCHES`` names)."""
+_pending_announcement: list[str] = []
+"""Lines register() could not log yet (vLLM's logging not configured)."""
 
 
 def register() -> None:
@@ -44,12 +48,30 @@ def register() -> None:
         applied.append(patch.name)
     _applied = tuple(applied)
     _registered = True
-    # INFO, so an operator can grep a server log for it (one line per process).
-    logger.info("vllm-minimax-m3-kv active: %s", ", ".join(applied))
+    # INFO, so an operator can grep a server log for it (once per process).
+    lines = [f"vllm-minimax-m3-kv active: {', '.join(applied)}"]
     if left_to_vllm:
-        logger.info(
-            "vllm-minimax-m3-kv: this vLLM already does %s; those entries stay "
-            "out, and VLLM_MINIMAX_M3_KV_ALLOW_MIXED cannot reopen what vLLM "
-            "refuses.",
-            "; ".join(left_to_vllm),
+        lines.append(
+            f"vllm-minimax-m3-kv: this vLLM already does {'; '.join(left_to_vllm)}; "
+            "those entries stay out, and VLLM_MINIMAX_M3_KV_ALLOW_MIXED cannot "
+            "reopen what vLLM refuses."
         )
+    # vllm serve's API server loads plugins while parsing its flags, before
+    # vLLM configures logging (in create_engine_config): an INFO line logged
+    # now would be dropped there, so the config hook logs it instead.
+    if logging.getLogger("vllm").hasHandlers():
+        for line in lines:
+            logger.info(line)
+    else:
+        _pending_announcement.extend(lines)
+
+
+def announce_if_pending() -> None:
+    """Log what register() could not, once vLLM's logging is configured."""
+    if not _pending_announcement or not logging.getLogger("vllm").hasHandlers():
+        return
+    from vllm_minimax_m3_kv._log import get_logger
+
+    logger = get_logger(__name__)
+    while _pending_announcement:
+        logger.info(_pending_announcement.pop(0))

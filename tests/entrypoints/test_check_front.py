@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import pytest
 
-from sim.process import json_from_stdout
+from sim.process import json_from_stdout, run_python
 from tests.entrypoints.test_check import (
     AITER_ON,
     _python_without_vllm,
@@ -198,3 +199,28 @@ def test_no_advice_names_an_install_from_the_package_index(tmp_path):
         assert "install --no-deps vllm-minimax-m3-kv" not in text
         assert "pip install vllm-minimax-m3-kv" not in text
     json.dumps(texts)  # every file was read as text
+
+
+def test_status_says_whether_vllm_loads_the_plugin_here():
+    # vLLM's own plugin loader, on this node; and what VLLM_PLUGINS does.
+    here = run_python(["-m", "vllm_minimax_m3_kv", "status"], {}, 120)
+    assert here.returncode == 0, here.stdout + here.stderr
+    assert "loaded by vLLM      yes" in here.stdout
+    assert "register()          would activate minimax_m3_config_hook" in here.stdout
+    assert re.search(r"vllm-minimax-m3-kv  \S+ \(source [0-9a-f]{12}", here.stdout)
+    left_out = run_python(
+        ["-m", "vllm_minimax_m3_kv", "status"],
+        {"VLLM_PLUGINS": "lora_filesystem_resolver"},
+        120,
+    )
+    assert left_out.returncode == 1
+    assert "leaves out minimax_m3_kv, so vLLM runs without it" in left_out.stdout
+    assert "not reached" in left_out.stdout
+
+
+def test_version_carries_a_fingerprint_of_the_installed_sources():
+    version = _without_importing_vllm("--version")
+    assert re.match(
+        r"vllm-minimax-m3-kv \S+ \(source [0-9a-f]{12}(, git [0-9a-f]{12}(-dirty)?)?\); vLLM ",
+        version["stdout"],
+    ), version

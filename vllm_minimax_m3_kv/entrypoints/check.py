@@ -68,7 +68,7 @@ ZEROER_STOCK = (
 )
 PLUGIN_ENTRY_POINT = "minimax_m3_kv"
 """The plugin's name in ``vllm.general_plugins``, as ``VLLM_PLUGINS`` lists it."""
-COMMANDS = ("check",)
+COMMANDS = ("check", "status")
 COMMON_GROUPS = (
     "ModelConfig",
     "CacheConfig",
@@ -185,9 +185,10 @@ def versions_line() -> str:
         except metadata.PackageNotFoundError:
             return missing
 
-    plugin = version("vllm-minimax-m3-kv", "(uninstalled checkout)")
+    from vllm_minimax_m3_kv.entrypoints.status import identity
+
     vllm = version("vllm", "not installed")
-    return f"vllm-minimax-m3-kv {plugin}; vLLM {vllm}"
+    return f"vllm-minimax-m3-kv {identity()}; vLLM {vllm}"
 
 
 def plugin_excluded() -> bool:
@@ -756,6 +757,11 @@ def _unreadable_model(model: str, error: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["status"]:
+        # About this node, not a target: no CPU platform, no offline default.
+        from vllm_minimax_m3_kv.entrypoints.status import main as status
+
+        return status()
     # The verdict is for --target, never for this machine: vLLM's CPU platform
     # lets its serve parser build anywhere, GPU or not, and the same way.
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
@@ -810,11 +816,12 @@ def _without_command(argv: list[str]) -> list[str]:
         hint = f" (did you mean {nearest[0]}?)" if nearest else ""
         raise _UsageError(
             f"unknown command {first!r}{hint}; commands: {', '.join(COMMANDS)} "
-            "(vllm-minimax-m3-kv check --help), or --version"
+            "(vllm-minimax-m3-kv check --help; vllm-minimax-m3-kv status), or "
+            "--version"
         )
     return argv
 
 
 def entry() -> None:
-    """Console script: ``vllm-minimax-m3-kv [check] ...``."""
+    """Console script: ``vllm-minimax-m3-kv [check] ...`` or ``... status``."""
     sys.exit(main())

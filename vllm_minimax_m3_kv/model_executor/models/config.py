@@ -50,8 +50,10 @@ def live_facts(vllm_config: VllmConfig) -> PrecisionFacts:
 
 def apply_indexer_precision(vllm_config: VllmConfig) -> None:
     """Resolve ``auto`` to fp8 where it makes the pool uniform, else raise."""
+    from vllm_minimax_m3_kv import announce_if_pending
     from vllm_minimax_m3_kv._log import get_logger
 
+    announce_if_pending()
     if vllm_config.model_config is None:
         return
     facts = live_facts(vllm_config)
