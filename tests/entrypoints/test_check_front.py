@@ -224,3 +224,56 @@ def test_version_carries_a_fingerprint_of_the_installed_sources():
         r"vllm-minimax-m3-kv \S+ \(source [0-9a-f]{12}(, git [0-9a-f]{12}(-dirty)?)?\); vLLM ",
         version["stdout"],
     ), version
+
+
+def test_target_here_without_a_gpu_says_so_in_one_line():
+    proc = run_python(
+        [
+            "-m",
+            "vllm_minimax_m3_kv",
+            "check",
+            "--target",
+            "here",
+            "--kv-cache-dtype",
+            "fp8",
+        ],
+        {},
+        120,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "--target here: vLLM finds no CUDA or ROCm GPU on this machine" in line
+
+
+HERE_ON_A_NODE = """
+import contextlib, io, json, os, sys
+from sim.hardware import simulate
+simulate("mi355x", sys.argv[1])  # this node's GPU, and its aiter package
+from vllm_minimax_m3_kv.entrypoints.check import main
+os.environ.update({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"})
+codes = {}
+for target in ("here", "mi355x"):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        codes[target] = [main(["--target", target, "--kv-cache-dtype", "fp8", "-tp", "8", "--json"]), json.loads(out.getvalue())]
+print(json.dumps(codes))
+"""
+
+
+@pytest.mark.parametrize("aiter", ["absent", "no_msa", "msa"])
+def test_target_here_judges_this_nodes_aiter(aiter):
+    # --target mi355x assumes a ROCm image with aiter and its MSA kernels;
+    # --target here reads the node's own.
+    proc = run_python(["-c", HERE_ON_A_NODE, aiter], {}, 300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    codes = json.loads(proc.stdout.strip().splitlines()[-1])
+    (here, here_plan), (named, _) = codes["here"], codes["mi355x"]
+    assert named == 0
+    assert here_plan["target"].startswith("here (ROCm gfx950")
+    if aiter == "msa":
+        assert here == 0 and here_plan["indexer_kv_dtype"] == "fp8"
+        assert here_plan["target"].endswith(", aiter with the MSA kernels)")
+    else:
+        assert here == 2, here_plan
+        reason = "is not installed" if aiter == "absent" else "lacks the MSA kernels"
+        assert reason in here_plan["message"]

@@ -69,6 +69,8 @@ _TARGETS: dict[str, dict[str, Any]] = {
     "a100": {"name": "CUDA sm_80 (A100)", "vendor": "cuda"},
 }
 TARGETS = tuple(_TARGETS)
+HERE = "here"
+"""``check --target here``: this machine's own platform, aiter and vLLM."""
 
 
 def _rocm_env_flags() -> tuple[bool, bool]:
@@ -137,6 +139,8 @@ class Judgement:
 _judging_for: ContextVar[tuple[str, Judgement] | None] = ContextVar(
     "judging_for", default=None
 )
+"""The target ``check`` judges for (``HERE``: the live platform), and where
+the hook records its verdict."""
 
 
 @contextlib.contextmanager
@@ -161,7 +165,7 @@ def record_judgement(facts: PrecisionFacts, verdict: Verdict) -> None:
 
 def live_platform_facts() -> PlatformFacts:
     """Facts for the platform vLLM detected in this process."""
-    if (judging := _judging_for.get()) is not None:
+    if (judging := _judging_for.get()) is not None and judging[0] != HERE:
         return target_platform_facts(judging[0])
     from vllm.platforms import current_platform
 

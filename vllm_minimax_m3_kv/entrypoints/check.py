@@ -41,6 +41,7 @@ from vllm_minimax_m3_kv._versions import (
     vllm_version_problem,
 )
 from vllm_minimax_m3_kv.config.facts import (
+    HERE,
     TARGETS,
     is_minimax_m3,
     judging_for,
@@ -122,11 +123,14 @@ def _add_own_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]
         group.add_argument(
             "--target",
             type=str.lower,
-            choices=TARGETS,
+            choices=(*TARGETS, HERE),
             # Required, but checked by hand: argparse would print "(default:
             # None)" in vLLM's help, and this way the message names them all.
             default=argparse.SUPPRESS,
-            help="GPU to judge for (required). VLLM_ROCM_* and "
+            help="GPU to judge for (required): a name simulates that GPU "
+            "(a ROCm one as a ROCm vLLM image with aiter and its MSA kernels); "
+            f"'{HERE}' judges this machine's own GPU, aiter and vLLM (a "
+            "container entrypoint's gate). VLLM_ROCM_* and "
             f"{ALLOW_MIXED_ENV} are read from the environment.",
         ),
         group.add_argument(
@@ -367,7 +371,7 @@ def judge_without_vllm(argv: list[str]) -> _OwnArgs:
     if target is None:
         raise _UsageError(
             f"the following argument is required: --target (one of: "
-            f"{', '.join(TARGETS)})"
+            f"{', '.join(TARGETS)}; or {HERE}, this machine)"
         )
     model = _model_argument(rest)
     if (
@@ -577,10 +581,9 @@ def plan_for(args: argparse.Namespace) -> Plan:
         Outcome.ERROR: ZEROER_REFUSED,
         Outcome.MIXED: ZEROER_HONOURED,
     }.get(verdict.outcome, ZEROER_NOT_BUILT)
-    platform = target_platform_facts(args.target)
     return Plan(
         architecture=model_config.architecture,
-        target=f"{args.target} ({platform.name})",
+        target=_target_row(args.target, facts),
         kv_cache_dtype=facts.kv_cache_dtype,
         indexer_kv_dtype=resolved if resolved != "auto" else STOCK_INDEXER_DEFAULT,
         indexer_inherited=resolved != requested,
@@ -599,6 +602,31 @@ def plan_for(args: argparse.Namespace) -> Plan:
         kv_cache_dtype_source=_kv_source(facts),
         not_judged=not_judged,
     )
+
+
+def _target_row(target: str, facts: PrecisionFacts) -> str:
+    name = facts.platform.name if target == HERE else target_platform_facts(target).name
+    if target == HERE and facts.platform.vendor == "rocm":
+        aiter = (
+            "aiter with the MSA kernels"
+            if facts.platform.aiter_msa_kernels
+            else "aiter without the MSA kernels"
+            if facts.platform.aiter_installed
+            else "no aiter"
+        )
+        name = f"{name}, {aiter}"
+    return f"{target} ({name})"
+
+
+def _require_a_gpu_here() -> None:
+    from vllm.platforms import current_platform
+
+    if not (current_platform.is_rocm() or current_platform.is_cuda()):
+        raise _UsageError(
+            f"--target {HERE}: vLLM finds no CUDA or ROCm GPU on this machine; "
+            f"run it on the serving node, or name the GPU to judge for, e.g. "
+            f"--target mi355x ({', '.join(TARGETS)})"
+        )
 
 
 def _kv_source(facts: PrecisionFacts) -> str:
@@ -643,7 +671,7 @@ def _stock_plan(
     )
     return Plan(
         architecture=model_config.architecture,
-        target=f"{target} ({target_platform_facts(target).name})",
+        target=_target_row(target, facts),
         kv_cache_dtype=facts.kv_cache_dtype,
         indexer_kv_dtype=stock.indexer_kv_dtype,
         indexer_inherited=False,
@@ -762,9 +790,11 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_minimax_m3_kv.entrypoints.status import main as status
 
         return status()
-    # The verdict is for --target, never for this machine: vLLM's CPU platform
+    # A named target's verdict is never for this machine: vLLM's CPU platform
     # lets its serve parser build anywhere, GPU or not, and the same way.
-    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    # --target here is judged on the platform vLLM detects.
+    if _flag_value(argv, "--target") != HERE:
+        os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     # A preflight reads configs it has; a hub id it lacks fails at once
     # rather than retrying for minutes on a machine without network.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -781,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
             print(own_parser().format_help(), end="")
             return EXIT_OK
         with _quiet_stderr(VERBOSE_FLAG not in argv):
+            if early.target == HERE:
+                # Before vLLM's parser, which cannot be built without a device.
+                _require_a_gpu_here()
             parser = build_parser()
             if early.help is not False:
                 print(vllm_help(parser, str(early.help)), end="")
