@@ -24,7 +24,7 @@ REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
 OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL EVAL_TASK EVAL_INCLUDE_PATH
     GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S
-    POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN)
+    POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN LM_EVAL_BIN)
 
 DEFAULT_KV_PRECISION=fp8
 DEFAULT_COMPARE_POOLS="stock fp8"
@@ -33,9 +33,11 @@ DEFAULT_HEALTH_TIMEOUT_S=1800
 DEFAULT_POOL_LINE_TIMEOUT_S=60
 DEFAULT_VLLM_BIN=vllm
 DEFAULT_CHECK_BIN=vllm-minimax-m3-kv
+DEFAULT_LM_EVAL_BIN=lm_eval
 
 VLLM_BIN="${VLLM_BIN:-$DEFAULT_VLLM_BIN}"
 CHECK_BIN="${CHECK_BIN:-$DEFAULT_CHECK_BIN}"
+LM_EVAL_BIN="${LM_EVAL_BIN:-$DEFAULT_LM_EVAL_BIN}"
 HEALTH_TIMEOUT_S="${HEALTH_TIMEOUT_S:-$DEFAULT_HEALTH_TIMEOUT_S}"
 KV_PRECISION="${KV_PRECISION:-$DEFAULT_KV_PRECISION}"
 COMPARE_POOLS="${COMPARE_POOLS:-$DEFAULT_COMPARE_POOLS}"
@@ -96,6 +98,7 @@ optional environment (default):
   VLLM_ENGINE_READY_TIMEOUT_S  vLLM's engine start timeout (3600)
   VLLM_BIN                vllm command (${DEFAULT_VLLM_BIN})
   CHECK_BIN               preflight command (${DEFAULT_CHECK_BIN})
+  LM_EVAL_BIN             lm-eval command for RUN_EVAL (${DEFAULT_LM_EVAL_BIN})
 
 set for vllm serve on your behalf (${TARGET}):
 $(set_on_your_behalf)
@@ -147,7 +150,8 @@ is_true() {
 }
 
 require_inputs() {
-    local missing=() name
+    # $1: true for a dry run, which prints the eval command without running it.
+    local dry_run="${1:-false}" missing=() name
     for name in "${REQUIRED_VARS[@]}"; do
         [[ -n "${!name:-}" ]] || missing+=("$name")
     done
@@ -159,8 +163,8 @@ require_inputs() {
             usage_error "${name}=${!name} is not one of: true false 1 0"
         fi
     done
-    if run_eval && ! command -v lm_eval >/dev/null 2>&1; then
-        echo "error: RUN_EVAL=${RUN_EVAL} needs lm_eval on PATH;" \
+    if run_eval && [[ "$dry_run" != true ]] && ! command -v "$LM_EVAL_BIN" >/dev/null 2>&1; then
+        echo "error: RUN_EVAL=${RUN_EVAL} needs ${LM_EVAL_BIN} on PATH;" \
             "install it with: pip install 'lm-eval[api]' (or unset RUN_EVAL)" >&2
         exit 64
     fi
@@ -281,7 +285,7 @@ build_commands() {
     # tokenizer_backend=none: lm-eval sends text and needs no tokenizer of its
     # own (else it asks /tokenizer_info, which vllm serve answers only with
     # --enable-tokenizer-info-endpoint, then imports transformers).
-    EVAL_CMD=(lm_eval --model local-completions --tasks "${EVAL_TASK:-gsm8k}"
+    EVAL_CMD=("$LM_EVAL_BIN" --model local-completions --tasks "${EVAL_TASK:-gsm8k}"
         --model_args "model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False,tokenizer_backend=none"
         --output_path "$RESULT_DIR/eval")
     [[ -z "${EVAL_INCLUDE_PATH:-}" ]] || EVAL_CMD+=(--include_path "$EVAL_INCLUDE_PATH")
@@ -479,11 +483,12 @@ minimaxm3_main() {
         ;;
     "") ;;
     *)
+        echo "error: unknown option $1 (options: --dry-run, --help)" >&2
         usage >&2
         exit 64
         ;;
     esac
-    require_inputs
+    require_inputs "$dry_run"
     if [[ "$KV_PRECISION" == compare ]]; then
         compare_pools "$@"
         return 0

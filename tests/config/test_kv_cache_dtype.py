@@ -134,3 +134,5 @@ def test_drafter_follows_what_the_target_stores_not_auto():
     assert verdict.outcome is Outcome.ERROR
     (fix,) = verdict.fixes
     assert dict(fix.flags) == {DRAFT_KV_CACHE_DTYPE_FLAG: "fp8"}
+    # A dotted flag after a JSON --speculative-config replaces the JSON.
+    assert 'put "kv_cache_dtype": "fp8" in it instead' in fix.render()

@@ -59,6 +59,19 @@ def basic():
                 "argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"],
                 "env": {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
             },
+            {"argv": ["--target", "mi355x", "-tp", "0"]},
+            {  # the hub id, not cached: its bundled config
+                "argv": [
+                    "--target",
+                    "mi355x",
+                    "MiniMaxAI/MiniMax-M3",
+                    "--kv-cache-dtype",
+                    "fp8",
+                    "-tp",
+                    "8",
+                ],
+                "env": AITER_ON,
+            },
             {  # the public MI355X recipe's parser flags, on the bundled config
                 "argv": [
                     "--target",
@@ -136,10 +149,41 @@ def test_opted_in_mixed_pool_is_reported_honestly(basic):
     assert plan["token_capacity_vs_stock"] == pytest.approx(1.0)
 
 
+def test_a_field_vllm_refuses_is_named_with_pydantics_words(basic):
+    result = basic[10]
+    assert result["exit"] == 1
+    assert (
+        "vLLM refuses these flags: ParallelConfig.tensor_parallel_size: Input should "
+        "be greater than or equal to 1" in result["stderr"]
+    ), result["stderr"]
+
+
+def test_the_hub_id_not_in_the_cache_judges_its_bundled_config(basic):
+    result = basic[11]
+    assert result["exit"] == 0, result
+    plan = result["plan"]
+    assert plan["model_note"].startswith(
+        "MiniMaxAI/MiniMax-M3 is not in the local cache"
+    )
+    assert plan["bytes_per_token_total"] == 22656
+
+
+def test_json_carries_the_fixes_and_the_versions(basic):
+    plan = basic[1]["plan"]  # the public MI355X recipe, refused
+    assert plan["versions"].startswith("vllm-minimax-m3-kv ")
+    assert "; vLLM 0.33" in plan["versions"]
+    lines = [fix["line"] for fix in plan["fixes"]]
+    assert lines and all(line in plan["message"] for line in lines)
+    assert plan["fixes"][0]["env"] == {
+        "VLLM_ROCM_USE_AITER": "1",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
+    }
+
+
 def test_a_reasoning_parser_is_set_aside_on_the_bundled_config(basic):
     # vLLM builds the parser from the checkpoint's tokenizer, which the
     # bundled config lacks; the pool is judged and the plan says what was not.
-    result = basic[10]
+    result = basic[12]
     assert result["exit"] == 0, result
     plan = result["plan"]
     assert plan["uniform_precision"] and plan["indexer_kv_dtype"] == "fp8"

@@ -140,6 +140,19 @@ def test_a_mistyped_command_says_so_and_version_needs_no_vllm():
             ("--target", "mi355x", "--max_model_lenn=8192"),
             "did you mean --max-model-len?",
         ),
+        (
+            ("--target", "mi355x", "--attention-config.indexer_kv_dtype", "fp9"),
+            "indexer_kv_dtype 'fp9' is no indexer dtype vLLM names; did you mean fp8?",
+        ),
+        (
+            (
+                "--target",
+                "mi355x",
+                "--attention-config",
+                '{"indexer_kv_dtype": "bf61"}',
+            ),
+            "did you mean bf16?",
+        ),
     ],
 )
 def test_known_bad_flag_values_are_answered_before_importing_vllm(argv, says):
@@ -277,3 +290,31 @@ def test_target_here_judges_this_nodes_aiter(aiter):
         assert here == 2, here_plan
         reason = "is not installed" if aiter == "absent" else "lacks the MSA kernels"
         assert reason in here_plan["message"]
+
+
+def test_commands_judges_every_deployment_line(tmp_path):
+    deployments = tmp_path / "deployments.txt"
+    deployments.write_text(
+        "# today's public MI355X recipe\n"
+        "vllm serve --kv-cache-dtype fp8 --block-size 128 -tp 8\n"
+        "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1 vllm serve "
+        "--kv-cache-dtype fp8 -tp 8\n"
+        "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 vllm serve --kv-cache-dtype fp8 -tp 8\n"
+        "\n"
+        "vllm serve --kv-cache-dtpye fp8\n"
+    )
+    argv = ["-m", "vllm_minimax_m3_kv", "check", "--target", "mi355x"]
+    proc = run_python([*argv, "--commands", str(deployments)], {}, 300)
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith(("| line", "| ---"))
+    ]
+    assert [row[:3] for row in rows] == [
+        ["2", "2", "error"],
+        ["3", "0", "inherited"],
+        ["4", "3", "mixed"],
+        ["6", "1", "usage error"],
+    ], proc.stdout
+    assert "did you mean --kv-cache-dtype?" in rows[3][5]
+    assert proc.returncode == 1  # the worst line's: a usage error

@@ -374,10 +374,12 @@ def test_unknown_kv_precision_is_refused(tmp_path):
 
 
 def test_run_eval_checks_for_lm_eval_before_anything_starts(tmp_path):
-    # PATH has the stand-in vllm and this Python, not lm_eval.
-    proc = run_script("minimaxm3_fp8_mi355x.sh", inputs(tmp_path, RUN_EVAL="1"))
+    # An lm_eval that is not there (this environment may have the real one).
+    missing = str(tmp_path / "no-such" / "lm_eval")
+    values = inputs(tmp_path, RUN_EVAL="1", LM_EVAL_BIN=missing)
+    proc = run_script("minimaxm3_fp8_mi355x.sh", values)
     assert proc.returncode == 64
-    assert "RUN_EVAL=1 needs lm_eval" in proc.stderr
+    assert f"RUN_EVAL=1 needs {missing} on PATH" in proc.stderr
     assert "pip install" in proc.stderr
     assert not (tmp_path / "server.pid").exists()
 
@@ -483,3 +485,19 @@ def test_the_missing_input_error_lists_every_optional_input(tmp_path):
         line for line in proc.stderr.splitlines() if "optional:" in line
     ).split("optional:", 1)[1]
     assert set(_library_array("OPTIONAL_VARS")) <= set(optional.split()), optional
+
+
+def test_an_unknown_option_is_named(tmp_path):
+    proc = run_script("minimaxm3_fp8_mi355x.sh", {}, "--dryrun")
+    assert proc.returncode == 64
+    assert proc.stderr.startswith(
+        "error: unknown option --dryrun (options: --dry-run, --help)"
+    )
+
+
+def test_a_dry_run_with_run_eval_needs_no_lm_eval(tmp_path):
+    missing = str(tmp_path / "no-such" / "lm_eval")
+    values = inputs(tmp_path, RUN_EVAL="1", CHECK_BIN="true", LM_EVAL_BIN=missing)
+    proc = run_script("minimaxm3_fp8_b300.sh", values, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "tokenizer_backend=none" in proc.stdout

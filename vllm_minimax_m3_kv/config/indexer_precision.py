@@ -802,7 +802,9 @@ def _drafter_kv_cache_matches_target(
         facts,
         f"{why}; {_MIXED_POOL}",
         Fix(
-            "the drafter shares the target's KV dtype",
+            "the drafter shares the target's KV dtype (with a JSON "
+            f'--speculative-config, put "kv_cache_dtype": "{facts.kv_cache_dtype}" '
+            "in it instead: a dotted flag after the JSON replaces it)",
             flags=((DRAFT_KV_CACHE_DTYPE_FLAG, facts.kv_cache_dtype),),
         ),
     )

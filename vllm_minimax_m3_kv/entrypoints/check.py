@@ -23,6 +23,7 @@ import ast
 import contextlib
 import difflib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,6 +51,7 @@ from vllm_minimax_m3_kv.config.facts import (
 from vllm_minimax_m3_kv.config.indexer_precision import (
     ALLOW_MIXED_ENV,
     STOCK_INDEXER_DEFAULT,
+    Fix,
     Outcome,
     PrecisionFacts,
     Verdict,
@@ -80,6 +82,10 @@ COMMON_GROUPS = (
 )
 
 
+BUNDLED_HUB_ID = "MiniMaxAI/MiniMax-M3"
+"""The checkpoint whose architecture values the bundled config carries."""
+
+
 def bundled_model_path() -> str:
     """A MiniMax-M3 config with the checkpoint's architecture values, no weights."""
     return str(resources.files("vllm_minimax_m3_kv") / "data" / "minimax_m3")
@@ -108,9 +114,11 @@ WORD, --help=all every flag (these import vLLM). Common groups:
 With VLLM_PLUGINS set and minimax_m3_kv not in it, the plan is stock vLLM
 0.33's, as `vllm serve` would run it.
 
-exit codes: 0 starts with one precision; 3 starts with a mixed pool you opted
-into (VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1); 2 refused at startup (the reason and
-its fixes on stderr); 1 usage error.
+exit codes: 0 starts with one precision; 3 starts with a mixed pool: one you
+opted into (VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1), or stock vLLM's (VLLM_PLUGINS
+leaves the plugin out; the plan's first row says so); 2 refused at startup (the
+reason and its fixes on stderr); 1 usage error. --json also carries the fixes,
+one object each, and both versions.
 """
 VERBOSE_FLAG = "--verbose"
 _CHECK_SECTION = "check options"
@@ -135,6 +143,13 @@ def _add_own_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]
         ),
         group.add_argument(
             "--json", action="store_true", help="Print the plan as one JSON object."
+        ),
+        group.add_argument(
+            "--commands",
+            metavar="FILE",
+            help="Judge every `vllm serve` command in FILE, one a line (leading "
+            "VAR=value words are its environment; # comments), and print one "
+            "row each; exit with the worst line's code.",
         ),
         group.add_argument(
             VERBOSE_FLAG,
@@ -239,6 +254,9 @@ class _OwnArgs:
     help: bool | str
     model: str | None
     version: bool = False
+    commands: str | None = None
+    bundled_for: str | None = None
+    """A hub id not in the local cache whose bundled config is judged."""
 
 
 def _flag_value(rest: list[str], *names: str) -> str | None:
@@ -261,10 +279,24 @@ def vllm_kv_cache_dtypes() -> tuple[str, ...] | None:
     """``--kv-cache-dtype``'s choices, read from the installed vLLM's source
     (``CacheDType`` in ``vllm/config/cache.py``) without importing it; None
     when they cannot be read, and vLLM's own parser answers."""
+    return _literal_of_vllm("cache.py", "CacheDType")
+
+
+def vllm_indexer_kv_dtypes() -> tuple[str, ...] | None:
+    """``indexer_kv_dtype``'s named values (``IndexerKVDType`` in
+    ``vllm/config/attention.py``), and ``fp8_e4m3``, the spelling MiniMax-M3's
+    index cache also takes; vLLM types the field ``IndexerKVDType | str``, so
+    nothing else is refused before model build."""
+    named = _literal_of_vllm("attention.py", "IndexerKVDType")
+    return None if named is None else (*named, "fp8_e4m3")
+
+
+def _literal_of_vllm(module: str, name: str) -> tuple[str, ...] | None:
+    """A ``Name = Literal[...]`` of ``vllm/config/<module>``, read, not imported."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    source = Path(next(iter(spec.submodule_search_locations)), "config", "cache.py")
+    source = Path(next(iter(spec.submodule_search_locations)), "config", module)
     try:
         tree = ast.parse(source.read_text(encoding="utf-8"))
     except (OSError, SyntaxError):
@@ -272,7 +304,7 @@ def vllm_kv_cache_dtypes() -> tuple[str, ...] | None:
     for node in tree.body:
         if (
             isinstance(node, ast.Assign)
-            and any(getattr(t, "id", None) == "CacheDType" for t in node.targets)
+            and any(getattr(t, "id", None) == name for t in node.targets)
             and isinstance(node.value, ast.Subscript)
             and isinstance(node.value.slice, ast.Tuple)
         ):
@@ -306,6 +338,19 @@ def known_bad_flag(rest: list[str], model: str | None) -> str | None:
         return (
             f"--kv-cache-dtype {kv!r} is not one vLLM takes; {hint}valid: "
             f"{', '.join(choices)}"
+        )
+    indexer = _flag_value(rest, "--attention-config.indexer_kv_dtype")
+    attention_json = _flag_value(rest, "--attention-config", "-ac")
+    if indexer is None and attention_json and attention_json.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError, AttributeError):
+            indexer = json.loads(attention_json).get("indexer_kv_dtype")
+    indexers = vllm_indexer_kv_dtypes()
+    if isinstance(indexer, str) and indexers and indexer not in indexers:
+        nearest = difflib.get_close_matches(indexer, indexers, n=1, cutoff=0.5)
+        hint = f"did you mean {nearest[0]}? " if nearest else ""
+        return (
+            f"--attention-config.indexer_kv_dtype {indexer!r} is no indexer dtype "
+            f"vLLM names; {hint}valid: {', '.join(indexers)}"
         )
     tp = _flag_value(rest, "--tensor-parallel-size", "-tp")
     heads = _config_heads(model)
@@ -353,8 +398,33 @@ def unreadable_model_message(model: str) -> str:
         f"cannot read the model config for {model!r}: it is not a local "
         "directory, and check does not download (HF_HUB_OFFLINE=1 unless you "
         "set it). Pass a local checkpoint directory, or omit the model to judge "
-        "the bundled MiniMax-M3 config."
+        f"the bundled {BUNDLED_HUB_ID} config. A quantized checkpoint (MXFP8, "
+        "MXFP4, FP8-KV) carries a quantization config that can set the KV cache "
+        "dtype: judge its own local directory."
     )
+
+
+def _without_model(argv: list[str], model: str) -> list[str]:
+    """``argv`` without the model it names (positional or ``--model``)."""
+    out, skip = [], False
+    for index, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        # The positional, wherever it stands: not the value of another flag
+        # (--served-model-name MiniMaxAI/MiniMax-M3 stays).
+        previous = argv[index - 1] if index else ""
+        if word == model and (
+            previous in ("", "--model") or not previous.startswith("-")
+        ):
+            continue
+        if word == "--model" and index + 1 < len(argv) and argv[index + 1] == model:
+            skip = True
+            continue
+        if word == f"--model={model}":
+            continue
+        out.append(word)
+    return out
 
 
 def judge_without_vllm(argv: list[str]) -> _OwnArgs:
@@ -373,14 +443,22 @@ def judge_without_vllm(argv: list[str]) -> _OwnArgs:
             f"the following argument is required: --target (one of: "
             f"{', '.join(TARGETS)}; or {HERE}, this machine)"
         )
+    if own.commands is not None:
+        if not Path(own.commands).is_file():
+            raise _UsageError(f"--commands {own.commands}: no such file")
+        return _OwnArgs(target, False, None, commands=own.commands)
     model = _model_argument(rest)
+    bundled_for = None
     if (
         model is not None
         and not Path(model).is_dir()
         and _offline()
         and not _in_local_hub_cache(model)
     ):
-        raise _UsageError(unreadable_model_message(model))
+        if model != BUNDLED_HUB_ID:
+            raise _UsageError(unreadable_model_message(model))
+        # As the launch scripts do: the bundled config is that checkpoint's.
+        bundled_for, model = model, None
     if (problem := vllm_version_problem()) is not None:
         raise _UsageError(f"{problem}. {SUPPORTED_VLLM_INSTALL}")
     own_flags = [
@@ -390,7 +468,7 @@ def judge_without_vllm(argv: list[str]) -> _OwnArgs:
         raise _UsageError(f"vLLM takes no flag {typo}")
     if (bad := known_bad_flag(rest, model)) is not None:
         raise _UsageError(f"vLLM refuses these flags: {bad}")
-    return _OwnArgs(target, False, model)
+    return _OwnArgs(target, False, model, bundled_for=bundled_for)
 
 
 def vllm_help(parser: argparse.ArgumentParser, keyword: str) -> str:
@@ -473,9 +551,16 @@ class Plan:
     """Where the main KV dtype came from: the flag, or the checkpoint."""
     not_judged: str = ""
     """Flags of the command this check set aside, and why."""
+    model_note: str = ""
+    fixes: list[dict[str, Any]] = field(default_factory=list)
+    """Each fix of a refusal: ``line`` (what pastes into a shell), ``env``,
+    ``flags``, ``remove`` (flags to drop), ``requires`` (software)."""
+    versions: str = ""
 
     def render(self) -> str:
         rows = [("plugin", self.plugin)] if self.plugin != "on" else []
+        if self.model_note:
+            rows.append(("model", self.model_note))
         rows += [
             ("architecture", self.architecture),
             ("target", self.target),
@@ -601,7 +686,20 @@ def plan_for(args: argparse.Namespace) -> Plan:
         executor_note=executor_note,
         kv_cache_dtype_source=_kv_source(facts),
         not_judged=not_judged,
+        fixes=[fix_as_json(fix) for fix in verdict.fixes],
+        versions=versions_line(),
     )
+
+
+def fix_as_json(fix: Fix) -> dict[str, Any]:
+    return {
+        "line": fix.render(),
+        "summary": fix.summary,
+        "env": dict(fix.env),
+        "flags": [list(pair) for pair in fix.flags],
+        "remove": list(fix.without),
+        "requires": list(fix.requires),
+    }
 
 
 def _target_row(target: str, facts: PrecisionFacts) -> str:
@@ -689,6 +787,7 @@ def _stock_plan(
             f"off (VLLM_PLUGINS={shlex.quote(os.environ.get('VLLM_PLUGINS', ''))})"
         ),
         notes=[],
+        versions=versions_line(),
         kv_cache_dtype_source=_stock_kv_source(facts),
         plugin=(
             "off: VLLM_PLUGINS leaves out minimax_m3_kv; this is stock vLLM 0.33's plan"
@@ -722,7 +821,7 @@ def _judge_like_vllm_serve(
                 cause = validation_cause(error)
                 if not isinstance(cause, IndexerPrecisionError):
                     raise _UsageError(
-                        f"vLLM refuses these flags: {_first_line(cause)}"
+                        f"vLLM refuses these flags: {_validation_words(error)}"
                     ) from error
     finally:
         logging.disable(logging.NOTSET)
@@ -760,6 +859,23 @@ def _native_decision_stands_aside() -> Iterator[None]:
         yield
     finally:
         native.verify_and_update_config = own
+
+
+def _validation_words(error: BaseException) -> str:
+    """vLLM's refusal in one line: the validator's message, or for a field
+    constraint pydantic's own field and words (not "1 validation error")."""
+    cause = validation_cause(error)
+    if cause is not error:
+        return _first_line(cause)
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        with contextlib.suppress(Exception):
+            first = errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            title = getattr(error, "title", "")
+            field = f"{title}.{where}" if title and where else where or title
+            return f"{field}: {first['msg']}" if field else str(first["msg"])
+    return _first_line(error)
 
 
 def _first_line(error: BaseException) -> str:
@@ -810,6 +926,9 @@ def main(argv: list[str] | None = None) -> int:
         if early.help is True:
             print(own_parser().format_help(), end="")
             return EXIT_OK
+        if early.commands is not None:
+            assert early.target is not None
+            return check_commands(Path(early.commands), early.target)
         with _quiet_stderr(VERBOSE_FLAG not in argv):
             if early.target == HERE:
                 # Before vLLM's parser, which cannot be built without a device.
@@ -818,8 +937,17 @@ def main(argv: list[str] | None = None) -> int:
             if early.help is not False:
                 print(vllm_help(parser, str(early.help)), end="")
                 return EXIT_OK
+            if early.bundled_for is not None:
+                argv = _without_model(argv, early.bundled_for)
             args = parser.parse_args(argv)
             plan = plan_for(args)
+            if early.bundled_for is not None:
+                plan = replace(
+                    plan,
+                    model_note=f"{early.bundled_for} is not in the local cache: the "
+                    "bundled config of that checkpoint is judged (its architecture "
+                    "values, no weights)",
+                )
     except _UsageError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -834,6 +962,63 @@ def main(argv: list[str] | None = None) -> int:
     for note in plan.notes:
         print(f"warning: {note}", file=sys.stderr)
     return plan.exit_code
+
+
+def _command_line(line: str) -> tuple[dict[str, str], list[str]]:
+    """A deployment's command line as its environment and check's argv."""
+    words = shlex.split(line, comments=True)
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    if words[:2] == ["vllm", "serve"]:
+        words = words[2:]
+    return env, words
+
+
+def check_commands(path: Path, target: str) -> int:
+    """One row per command line of ``path``: its verdict for ``target``."""
+    rows, worst = [], EXIT_OK
+    severity = {EXIT_OK: 0, EXIT_MIXED: 1, EXIT_REFUSED: 2, EXIT_USAGE: 3}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        env, words = _command_line(line)
+        if not words and not env:
+            continue
+        saved = dict(os.environ)
+        os.environ.update(env)
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main([*words, "--target", target, "--json"])
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        text = out.getvalue()
+        plan = json.loads(text[text.index("{") :]) if "{" in text else None
+        if plan is None:
+            why = (err.getvalue().strip().splitlines() or ["no plan"])[-1]
+            rows.append(
+                (number, code, "usage error", "", "", why.removeprefix(f"{PROG}: "))
+            )
+        else:
+            reason = plan["message"].splitlines()[0] if code != EXIT_OK else ""
+            rows.append(
+                (
+                    number,
+                    code,
+                    plan["outcome"],
+                    plan["kv_cache_dtype"],
+                    plan["indexer_kv_dtype"],
+                    reason,
+                )
+            )
+        if severity.get(code, 3) > severity.get(worst, 3):
+            worst = code
+    print("| line | exit | outcome | main KV | indexer | why (refused or mixed) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+    return worst
 
 
 def _without_command(argv: list[str]) -> list[str]:

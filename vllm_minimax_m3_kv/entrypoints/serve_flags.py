@@ -18,15 +18,11 @@ _DATA = "vllm_serve_flags.json"
 
 
 def flags_of_parser(parser: object) -> list[str]:
-    """Every long option string a parser takes (its ``--no-X`` forms too)."""
-    return sorted(
-        {
-            option
-            for action in getattr(parser, "_actions", [])
-            for option in action.option_strings
-            if option.startswith("--")
-        }
-    )
+    """Every long option string a parser takes: argparse's own table of
+    them, which holds the ``--no-enable-x`` forms vLLM's EnableDisableAction
+    still takes but hides from an action's ``option_strings``."""
+    table = getattr(parser, "_option_string_actions", {})
+    return sorted(option for option in table if option.startswith("--"))
 
 
 def shipped_flags() -> tuple[str, list[str]]:
