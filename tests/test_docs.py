@@ -116,6 +116,12 @@ def _policy_messages() -> list[str]:
             {"indexer_cp": True},
             {"model_dtype": "float16"},
             {"draft_kv_cache_dtype": "auto"},
+            # A checkpoint that declares this KV dtype, with --kv-cache-dtype auto.
+            {
+                "kv_cache_flag": "auto",
+                "kv_cache_source": "compressed-tensors kv_cache_scheme",
+                "auto_kv_cache_dtype": kv,
+            },
         ):
             facts = policy.PrecisionFacts(
                 platform=platform,
