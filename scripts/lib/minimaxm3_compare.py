@@ -413,6 +413,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+POOL_MEANINGS = {
+    "stock": " (today's public recipe, verbatim, vllm-minimax-m3-kv off)",
+    "mixed": " (fp8 KV beside a bf16 indexer, every block zeroed)",
+}
+
+
 def report(options: argparse.Namespace) -> int:
     result_dir = Path(options.result_dir)
     rows = [
@@ -428,13 +434,19 @@ def report(options: argparse.Namespace) -> int:
             else None
         )
     verdict = decide(rows)
-    print(f"== compare ({options.workload}); reference: {options.pools[0]}")
+    reference = options.pools[0]
+    print(
+        f"== compare ({options.workload}); reference: {reference}"
+        f"{POOL_MEANINGS.get(reference, '')}"
+    )
     print(table(rows))
     for pool, why in verdict["excluded"].items():
         print(f"  {pool} not eligible: {why}")
     print(
         f"decision: run KV_PRECISION={verdict['run']}: {'; '.join(verdict['reasons'])}"
     )
+    if reference == "stock":
+        print("  (stock: what you run today, the public recipe with the plugin off)")
     (result_dir / REPORT_FILE).write_text(
         json.dumps(
             {"workload": options.workload, "pools": rows, "decision": verdict}, indent=2

@@ -136,6 +136,11 @@ def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
     assert len(server_pids(tmp_path)) == 2  # one server per pool, in turn
     assert_no_server_left(tmp_path)
     assert "| stock | 1,000.0 |" in out and "| fp8 | 1,100.0 |" in out
+    # The decision says what it was measured against.
+    assert (
+        "reference: stock (today's public recipe, verbatim, vllm-minimax-m3-kv off)"
+        in out
+    )
     assert "| 3,033,088 | 0.9480 (0.0060) | 40/40 | 40/40 | 100.0% |" in out
     assert decision(out) == (
         "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs stock; gsm8k 0.9480"
