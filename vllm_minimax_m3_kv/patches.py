@@ -308,7 +308,9 @@ PATCHES: tuple[Patch, ...] = (
             "scheduler config is a deep copy of worker 0's, so it keeps it. "
             "It also fails the startup, naming the worker and stage, when a "
             "worker reports the stock fp8 index-cache description (a node "
-            "without this plugin)."
+            "without this plugin), and logs one WARNING when the planned pool "
+            "has more precisions than the config-time decision predicted (a KV "
+            "dtype source it does not know), saying who now zeroes."
         ),
         upstream=(
             "Mirrors vllm-project/vllm#64472 (zeroing decided from each "
