@@ -318,3 +318,20 @@ def test_commands_judges_every_deployment_line(tmp_path):
     ], proc.stdout
     assert "did you mean --kv-cache-dtype?" in rows[3][5]
     assert proc.returncode == 1  # the worst line's: a usage error
+
+
+@pytest.mark.parametrize(
+    ("argv", "here"),
+    [
+        (["--target", "here"], True),
+        (["--target", "HERE"], True),  # targets are taken in any case
+        (["--target=Here", "--kv-cache-dtype", "fp8"], True),
+        (["--target", "mi355x"], False),
+        (["--kv-cache-dtype", "fp8"], False),
+    ],
+)
+def test_only_target_here_keeps_vllms_own_platform(argv, here):
+    # A named target is judged on vLLM's CPU platform; here on the node's.
+    from vllm_minimax_m3_kv.entrypoints.check import judges_this_machine
+
+    assert judges_this_machine(argv) is here

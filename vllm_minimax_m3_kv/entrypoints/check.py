@@ -716,6 +716,12 @@ def _target_row(target: str, facts: PrecisionFacts) -> str:
     return f"{target} ({name})"
 
 
+def judges_this_machine(argv: list[str]) -> bool:
+    """``--target here`` in any case, as check's parser reads it (``str.lower``)."""
+    target = _flag_value(argv, "--target")
+    return target is not None and target.lower() == HERE
+
+
 def _require_a_gpu_here() -> None:
     from vllm.platforms import current_platform
 
@@ -909,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     # A named target's verdict is never for this machine: vLLM's CPU platform
     # lets its serve parser build anywhere, GPU or not, and the same way.
     # --target here is judged on the platform vLLM detects.
-    if _flag_value(argv, "--target") != HERE:
+    if not judges_this_machine(argv):
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     # A preflight reads configs it has; a hub id it lacks fails at once
     # rather than retrying for minutes on a machine without network.
