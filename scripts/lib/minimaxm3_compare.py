@@ -119,22 +119,14 @@ def _records_prompt(lines: list[str], variant: int) -> str:
 
 
 def _complete(base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "logprobs": TOP_LOGPROBS,
-        }
-    ).encode()
-    request = urllib.request.Request(
-        f"{base_url}/v1/completions",
-        data=body,
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=600) as response:
-        return json.loads(response.read())
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": TOP_LOGPROBS,
+    }
+    return _post(base_url, "/v1/completions", body)
 
 
 def _post(base_url: str, path: str, body: dict) -> dict:
