@@ -264,3 +264,18 @@ def test_a_signal_to_the_compare_parent_alone_leaves_nothing_running(
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert "KV_PRECISION=fp8" not in out
+
+
+def test_a_prompt_the_server_refuses_is_named_in_one_error_line(tmp_path):
+    proc = compare(tmp_path, {}, STANDIN_REFUSE_OVER="3000", **NO_PREFLIGHT)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    refused = [
+        line for line in proc.stderr.splitlines() if "refused by the server" in line
+    ]
+    assert len(refused) == 1, proc.stderr
+    assert refused[0].startswith("prompt records-")
+    assert refused[0].endswith(
+        "refused by the server: HTTP 400: This model's maximum context length is 8192 tokens."
+    )
+    assert "error: KV_PRECISION=stock: the agreement probe failed" in proc.stderr
+    assert_no_server_left(tmp_path)
