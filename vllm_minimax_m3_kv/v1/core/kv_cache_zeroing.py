@@ -72,7 +72,8 @@ def pool_precisions(configs: list[KVCacheConfig]) -> list[str]:
 
 def predicted_pool(vllm_config: VllmConfig) -> str | None:
     """What the config-time decision said this pool would be, if one
-    precision: e.g. "fp8 main cache, fp8 indexer"; None if it said mixed.
+    precision, e.g. "one precision: main cache fp8_e4m3, index cache fp8";
+    None if it said mixed (or, in a process whose facts differ, refused).
 
     The same :func:`decide` on the same facts: after the hook, the config
     holds what it resolved, so the decision reads it back unchanged.
@@ -82,7 +83,7 @@ def predicted_pool(vllm_config: VllmConfig) -> str | None:
 
     facts = live_facts(vllm_config)
     verdict = decide(facts)
-    if verdict.outcome is Outcome.MIXED:
+    if verdict.outcome in (Outcome.MIXED, Outcome.ERROR):
         return None
     indexer = verdict.indexer_kv_dtype
     return (
