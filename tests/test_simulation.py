@@ -47,11 +47,11 @@ def test_patched_vllms_keep_vllm_caches_apart_from_stock_and_each_other(tmp_path
         for name, patches in (
             ("pr1", overlay.PR1),
             ("pr1_again", overlay.PR1),
-            ("pr1_pr2", overlay.PATCHES),
+            ("pr1_pr3", overlay.PATCHES),
         )
     }
     assert roots["pr1"] == roots["pr1_again"]  # reused across runs
-    assert roots["pr1"] != roots["pr1_pr2"]
+    assert roots["pr1"] != roots["pr1_pr3"]
     stock = json_from_stdout(
         ["-c", "import json, vllm.envs as e; print(json.dumps(e.VLLM_CACHE_ROOT))"]
     )

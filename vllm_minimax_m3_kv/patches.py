@@ -127,8 +127,9 @@ def _detect_indexer_cache() -> str | None:
 
 
 def _native_indexer_cache() -> str | None:
-    # Upstream PR 2's get_kv_cache_spec asks get_kv_quant_mode for the main
-    # cache's description; stock 0.33's indexer module never calls it.
+    # An index cache described like the main cache asks get_kv_quant_mode for
+    # its description (the retired upstream PR 2 did); stock 0.33's indexer
+    # module never calls it.
     if _vllm_file(INDEXER_MODULE) is None or _source_lacks(
         INDEXER_MODULE, "get_kv_quant_mode("
     ):
@@ -250,9 +251,10 @@ PATCHES: tuple[Patch, ...] = (
             "The default is proposed natively in upstream/ PR 1 (auto follows "
             "fp8 where an fp8 indexer runs, in MiniMax-M3's VerifyAndUpdateConfig "
             "entry); the refusals stay here: vLLM's defaults should not refuse "
-            "what starts today. The early KV dtype resolution mirrors what "
-            "resolve_kv_cache_dtype_string already does for modelopt (vLLM "
-            "issue #32843 asks for auto to be resolved)."
+            "what starts today. The early KV dtype resolution is proposed "
+            "natively in upstream/ PR 3 (resolve_kv_cache_dtype_string resolves "
+            "a compressed-tensors fp8 kv_cache_scheme as it already does "
+            "modelopt's; refs vLLM #32843)."
         ),
         remove_when=(
             "vLLM resolves MiniMax-M3's indexer dtype from --kv-cache-dtype (PR "
@@ -277,8 +279,10 @@ PATCHES: tuple[Patch, ...] = (
             "float8_e4m3fn. Same bytes, same page size, same kernel input."
         ),
         upstream=(
-            "Awaits an upstream fix, proposed in upstream/ (PR 2, on top of PR "
-            "1); #64472 instead keeps zeroing on for mixed pools rather than "
+            "No upstream PR: the model-side description (upstream/ PR 2) is "
+            "retired, since a core precision key that tells e4m3, e5m2 and "
+            "fnuz apart is the fix a reviewer would take (docs/upstream.md). "
+            "#64472 instead keeps zeroing on for mixed pools rather than "
             "making this pool uniform."
         ),
         remove_when=(

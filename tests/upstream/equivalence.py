@@ -5,12 +5,14 @@ cache (``is_fp8_cell``), plus each validator rule's witness slice
 (``RULE_WITNESSES``), so every rule of the plugin is exercised. Each cell ends
 in one :func:`~tests.reliability.matrix.outcome_class` (config error, uniform
 with which indexer dtype, mixed, or how it failed). Two series are compared
-with the plugin: PR 1 alone (``pr1``: the fp8 default, with 0.33's
-description of the cache) and PR 1 + PR 2 (``pr1_pr2``: the description too).
-Neither refuses anything, so both differ by design wherever the plugin
-refuses. The runs must agree cell by cell, except where a declared difference
-below says how and why; wherever the plugin starts a uniform pool, PR 1 + PR 2
-must start the same one, and PR 1 the same indexer dtype.
+with the plugin: PR 1 alone (``pr1``: the fp8 default) and PR 1 + PR 3
+(``pr1_pr3``: with the checkpoint's KV cache dtype resolved at config time,
+so the checkpoint-KV cells run too). Neither refuses anything, so both differ
+by design wherever the plugin refuses; and both keep vLLM 0.33's description
+of the index cache (PR 2 is retired), so where the plugin starts a uniform
+pool they start the same index-cache dtype in a pool vLLM still zeroes. The
+runs must agree cell by cell, except where a declared difference below says
+how and why.
 
 ``python -m tests.upstream.equivalence --platform P --out F`` runs one
 platform's cells in this process, with whatever vLLM ``PYTHONPATH`` gives it:
@@ -48,15 +50,23 @@ def _witness_slices(platform: str) -> list[dict[str, str]]:
     ]
 
 
-def equivalence_cells(platform: str, size: str = "full") -> list[Cell]:
-    """The declared subset: fp8 cells and every rule's witnesses."""
+def equivalence_cells(
+    platform: str, size: str = "full", series: str = "pr1"
+) -> list[Cell]:
+    """The declared subset: fp8 cells and every rule's witnesses (with PR 3,
+    the checkpoint-KV cells too)."""
     witnesses = _witness_slices(platform)
+    with_checkpoint_kv = series in SERIES_WITH_PR3
     return [
         cell
         for cell in matrix.cells(platform, size)
         if cell.foreign_stage is None  # see EXCLUDED_CELLS
-        and cell.checkpoint not in matrix.CHECKPOINT_KV
-        and (is_fp8_cell(cell) or any(matrix.matches(cell, w) for w in witnesses))
+        and (with_checkpoint_kv or cell.checkpoint not in matrix.CHECKPOINT_KV)
+        and (
+            is_fp8_cell(cell)
+            or cell.checkpoint in matrix.CHECKPOINT_KV
+            or any(matrix.matches(cell, w) for w in witnesses)
+        )
     ]
 
 
@@ -68,20 +78,21 @@ EXCLUDED_CELLS = {
         "only when given a stock node's stages.)"
     ),
     "checkpoint_kv": (
-        "checkpoints that declare their own KV cache (matrix.CHECKPOINT_KV): "
-        "PR 1 and PR 2 read cache_config.cache_dtype as the config hooks see "
-        "it, which is still auto for a compressed-tensors kv_cache_scheme "
-        "(vLLM applies it in Attention.__init__). The core fix for that is a "
-        "PR of its own, not yet in upstream/; until it is, these cells are "
-        "the plugin's alone."
+        "from PR 1 alone: checkpoints that declare their own KV cache "
+        "(matrix.CHECKPOINT_KV). PR 1 reads cache_config.cache_dtype as the "
+        "config hooks see it, which stock 0.33 leaves at auto for a "
+        "compressed-tensors kv_cache_scheme (Attention.__init__ applies it at "
+        "model build). PR 3 resolves it at config time: the pr1_pr3 series "
+        "runs these cells."
     ),
 }
 """Matrix cell kinds the equivalence run leaves out, and why."""
 
 
-SERIES = ("pr1", "pr1_pr2")
-"""``pr1``: upstream PR 1 alone (the default). ``pr1_pr2``: with PR 2 (the
-description) on top."""
+SERIES = ("pr1", "pr1_pr3")
+"""``pr1``: upstream PR 1 alone (the default). ``pr1_pr3``: with PR 3 (the
+checkpoint's KV cache dtype at config time) too."""
+SERIES_WITH_PR3 = ("pr1_pr3",)
 
 
 @dataclass(frozen=True)
@@ -93,10 +104,10 @@ class DeclaredDifference:
     applies: Callable[[Cell], bool]
     plugin: frozenset[str]
     upstream: dict[str, frozenset[str]]
-    full_size_only: bool = False
-    """Its cells are in the full matrix only (the quick one has none)."""
     """Per series, the classes it may end in instead; ``kind:*`` (``kind/*``)
     matches any ``kind:...`` (``kind/...``) class."""
+    built: Callable[[list[str]], bool] = lambda precisions: True
+    """What the patched run's pool must hold (its ``dtype/quant mode`` set)."""
 
 
 FAILS_AT_MODEL_BUILD = frozenset(
@@ -108,7 +119,9 @@ AS_IN_VLLM_0_33 = FAILS_AT_MODEL_BUILD | {"zeroing_needed"}
 """How a pool vLLM 0.33 is let build ends: mixed and needing zeroing, or the
 model-build error stock vLLM gives (e.g. an fp8 indexer where none runs)."""
 
-BOTH = ("pr1", "pr1_pr2")
+BOTH = SERIES
+INDEX_CACHE_FP8_AS_IN_0_33 = "torch.float8_e4m3fn/NONE"
+"""How vLLM 0.33 describes an fp8 index cache; no main cache is described so."""
 
 DECLARED_DIFFERENCES = (
     DeclaredDifference(
@@ -133,14 +146,19 @@ DECLARED_DIFFERENCES = (
         upstream=dict.fromkeys(BOTH, frozenset({"zeroing_needed"})),
     ),
     DeclaredDifference(
-        "pr1_keeps_the_stock_description",
-        "PR 1 gives the index cache fp8 where the plugin does, but describes it "
-        "as 0.33 does, (float8_e4m3fn, NONE) beside the main cache's (uint8, "
-        "FP8_PER_TENSOR): vLLM still counts two precisions and zeroes new "
-        "blocks. PR 2 describes it like the main cache.",
+        "described_as_in_0_33",
+        "Both series give the index cache fp8 where the plugin does, but "
+        "describe it as 0.33 does, (float8_e4m3fn, NONE) beside the main "
+        "cache's (uint8, FP8_PER_TENSOR): vLLM counts two precisions and its "
+        "workers zero new blocks (its scheduler too once vLLM PR #64472 is "
+        "in). The plugin describes it like the main cache; upstream, that "
+        "description was PR 2, retired (docs/upstream.md).",
         lambda cell: True,
         plugin=frozenset({"uniform/indexer=fp8", "uniform/indexer=fp8_e4m3"}),
-        upstream={"pr1": frozenset({"zeroing_needed"})},
+        upstream=dict.fromkeys(BOTH, frozenset({"zeroing_needed"})),
+        # The index cache it built is fp8, as 0.33 describes one: not a bf16
+        # index cache that also ends "zeroing_needed".
+        built=lambda precisions: INDEX_CACHE_FP8_AS_IN_0_33 in precisions,
     ),
     DeclaredDifference(
         "no_index_cache",
@@ -153,29 +171,6 @@ DECLARED_DIFFERENCES = (
         upstream=dict.fromkeys(BOTH, frozenset({"uniform/indexer=fp8"})),
     ),
     DeclaredDifference(
-        "drafter_kv_dtype",
-        "A draft model's own speculative_config.kv_cache_dtype is not "
-        "MiniMax-specific and neither PR judges it: a drafter cache of another "
-        "precision stays as in 0.33, and fp8_e5m2 beside fp8_e4m3 is described "
-        "alike (uint8, FP8_PER_TENSOR), so vLLM's planner sees one precision "
-        "where the plugin refuses two fp8 formats.",
-        lambda cell: cell.draft_kv_cache_dtype is not None,
-        plugin=frozenset({"config_error"}),
-        # PR 1 alone leaves those pools mixed (non_breaking covers them).
-        upstream={"pr1_pr2": frozenset({"uniform/*"})},
-    ),
-    DeclaredDifference(
-        "indexer_cp_off_cuda",
-        "vLLM refuses minimax_m3_indexer_cp off ROCm at model build "
-        "(select_indexer_impl_cls); the plugin refuses it at config time. This "
-        "CPU builds indexer-CP cells with CP off (its indexers map GPU IPC "
-        "peer buffers), so the patched run shows the pool that build makes.",
-        lambda cell: cell.indexer_cp and cell.platform.startswith("sm"),
-        plugin=frozenset({"config_error"}),
-        # With PR 1 alone that pool is mixed: non_breaking covers it.
-        upstream={"pr1_pr2": frozenset({"uniform/*"})},
-    ),
-    DeclaredDifference(
         "mixed_pool_opt_in",
         "VLLM_MINIMAX_M3_KV_ALLOW_MIXED starts a mixed pool only because the "
         "plugin's zeroing patch (mirroring vLLM PR #64472) makes every worker "
@@ -185,20 +180,6 @@ DECLARED_DIFFERENCES = (
         plugin=frozenset({"mixed", "simulation_limit"}),
         upstream=dict.fromkeys(BOTH, AS_IN_VLLM_0_33),
     ),
-    DeclaredDifference(
-        "aiter_without_msa_kernels",
-        "The plugin refuses an fp8 indexer when the installed aiter lacks the "
-        "MSA kernels (aiter.ops.msa_block_select / msa_attention). vLLM's ROCm "
-        "images pin an aiter that has them; checking at config time would mean "
-        "importing aiter (and its GPU libraries) in the API server. The patches "
-        "leave that to vLLM's aiter pin, so there the MSA indexer is selected "
-        "and fails on its first kernel import (where the plugin, opted in to "
-        "a mixed pool, keeps the bf16 indexer instead).",
-        lambda cell: cell.aiter_state == "no_msa",
-        plugin=frozenset({"config_error", "mixed"}),
-        upstream=dict.fromkeys(BOTH, frozenset({"msa_kernels_missing"})),
-        full_size_only=True,
-    ),
 )
 
 
@@ -207,13 +188,20 @@ def _allowed(outcome: str, classes: frozenset[str]) -> bool:
     return outcome in classes or f"{kind}:*" in classes or f"{kind}/*" in classes
 
 
-def explain(cell: Cell, plugin: str, upstream: str, series: str) -> str | None:
+def explain(
+    cell: Cell,
+    plugin: str,
+    upstream: str,
+    series: str,
+    precisions: list[str] | None = None,
+) -> str | None:
     """The declared difference that covers a disagreement, if any."""
     for difference in DECLARED_DIFFERENCES:
         if (
             difference.applies(cell)
             and plugin in difference.plugin
             and _allowed(upstream, difference.upstream.get(series, frozenset()))
+            and difference.built(precisions or [])
         ):
             return difference.name
     return None
@@ -237,7 +225,7 @@ def compare(
     size: str = "full",
 ) -> Comparison:
     plugin = {record["id"]: record["class"] for record in plugin_records}
-    cells = {cell.id: cell for cell in equivalence_cells(platform, size)}
+    cells = {cell.id: cell for cell in equivalence_cells(platform, size, series)}
     if len(run["records"]) != len(cells):
         raise AssertionError(f"{platform}: ran {len(run['records'])} of {len(cells)}")
     comparison = Comparison(collections.Counter(), [])
@@ -246,7 +234,9 @@ def compare(
         if ours == theirs:
             comparison.tally[f"same {ours.split('/')[0]}"] += 1
             continue
-        declared = explain(cells[record["id"]], ours, theirs, series)
+        declared = explain(
+            cells[record["id"]], ours, theirs, series, record.get("precisions")
+        )
         if declared is None:
             comparison.unexplained.append(
                 (record["id"], ours, theirs, record.get("message"))
@@ -256,16 +246,20 @@ def compare(
     return comparison
 
 
-def run(platform: str, size: str = "full") -> dict:
+def run(platform: str, size: str = "full", series: str = "pr1") -> dict:
     import vllm
 
     import vllm_minimax_m3_kv
 
     matrix.use_platform(platform)
     records = []
-    for cell in equivalence_cells(platform, size):
+    for cell in equivalence_cells(platform, size, series):
         result = matrix.run_cell(cell)
-        record = {"id": cell.id, "class": matrix.outcome_class(cell, result)}
+        record = {
+            "id": cell.id,
+            "class": matrix.outcome_class(cell, result),
+            "precisions": result.get("precisions", []),
+        }
         if "config_error" in result:
             record["message"] = result["config_error"]["message"][:300]
         records.append(record)
@@ -288,9 +282,15 @@ def main() -> None:
         help="repeatable: platforms of one simulated GPU share a process",
     )
     parser.add_argument("--size", choices=matrix.SIZES, default="full")
+    parser.add_argument(
+        "--series", choices=SERIES, default="pr1", help="which cells to run"
+    )
     parser.add_argument("--out", required=True)
     options = parser.parse_args()
-    runs = {platform: run(platform, options.size) for platform in options.platform}
+    runs = {
+        platform: run(platform, options.size, options.series)
+        for platform in options.platform
+    }
     Path(options.out).write_text(json.dumps(runs))
 
 

@@ -25,8 +25,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = tuple(sorted((REPO / "upstream").glob("[0-9][0-9]-*.patch")))
-"""The pull requests in merge order: PR 1 stands alone, PR 2 goes on top."""
-PR1 = PATCHES[:1]
+"""Every pull request: PR 1 (the index-cache default) and PR 3 (the checkpoint's
+KV cache dtype at config time). Each applies alone to v0.33.0; they touch
+different files, so the series applies in any order. (PR 2 is retired and its
+number not reused: docs/upstream.md.)"""
+PR1 = tuple(p for p in PATCHES if p.name.startswith("01-"))
+PR3 = tuple(p for p in PATCHES if p.name.startswith("03-"))
 CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     / "vllm-minimax-m3-kv"
@@ -77,14 +81,15 @@ def _apply(patches: tuple[Path, ...], tree: Path, vllm_root: Path) -> None:
             if exists and path.startswith("vllm/") and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(vllm_root / path.removeprefix("vllm/"), target)
-        outside = sorted(
-            {
-                p.split("/")[0]
-                for p in touched_paths(patch)
-                if not p.startswith(IN_THE_WHEEL)
-            }
-        )
-        excludes = [f"--exclude={top}/*" for top in outside]
+        # The wheel has vllm/ only: a patch's new tests/ files land beside the
+        # overlay; what it changes elsewhere (CI wiring, eval lists) needs the
+        # source release (precommit.py).
+        excludes = [
+            f"--exclude={path}"
+            for path, exists in touched_paths(patch).items()
+            if not path.startswith("vllm/")
+            and (exists or not path.startswith(IN_THE_WHEEL))
+        ]
         for args in (("--check",), ()):
             # Outside a git repository, git apply patches the files in cwd.
             subprocess.run(
@@ -121,11 +126,16 @@ def _link_tree(installed: Path, patched: Path, into: Path) -> None:
 
 
 VLLM_TEST_FIXTURES = '''"""What vLLM's tests/conftest.py gives the patches' tests (the wheel has no
-tests/): caplog_vllm, vLLM's logs made visible to pytest's caplog."""
+tests/): caplog_vllm, vLLM's logs made visible to pytest's caplog, and the
+skip_global_cleanup marker."""
 
 import logging
 
 import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "skip_global_cleanup: vLLM's own marker")
 
 
 @pytest.fixture
@@ -171,8 +181,8 @@ PATCHED_VLLM_CACHE_ROOT = CACHE / "vllm-cache-patched"
 
 vLLM's registry caches what it learns about a model class (in a fresh
 interpreter, ~15 s) in one file per class, with a hash of the class's package,
-and re-learns it when the hash differs. PR 1 and PR 2 each change MiniMax-M3's
-package, so one cache shared by stock vLLM and the series would be re-filled at
+and re-learns it when the hash differs. PR 1 changes MiniMax-M3's package, so
+one cache shared by stock vLLM and the patched trees would be re-filled at
 every switch between them: each patched tree gets a cache root of its own,
 named by the content of its patched files (:func:`cache_root`).
 """

@@ -1,11 +1,10 @@
 """The upstream patches' equivalence with the plugin, as tables.
 
 ``python -m tests.upstream.report [--size quick|full]`` applies PR 1, and PR 1
-+ PR 2, to overlays of the installed vLLM, runs the equivalence cells on each
-without the plugin (PR 1 on every platform, PR 1 + PR 2 on
-``STRICT_PLATFORMS``), runs the reliability matrix with the plugin on stock
-vLLM, and counts per platform how the cells compare; the tables in
-``docs/upstream.md`` are its output.
++ PR 3, to overlays of the installed vLLM, runs the equivalence cells on each
+without the plugin (``PLATFORMS_BY_SERIES``), runs the reliability matrix with
+the plugin on stock vLLM, and counts per platform how the cells compare; the
+tables in ``docs/upstream.md`` are its output.
 """
 
 from __future__ import annotations
@@ -30,8 +29,9 @@ PLATFORMS_BY_SERIES = {
         "full": tuple(PLATFORMS),
         "quick": ("mi355x-aiter-spa", "mi355x", "sm100"),
     },
-    "pr1_pr2": {
-        "full": ("mi355x-aiter-spa", "mi355x-aiter-no-msa", "mi300x", "sm100"),
+    # Every platform with checkpoint-KV cells (matrix.CHECKPOINT_KV_PLATFORMS).
+    "pr1_pr3": {
+        "full": ("mi355x-aiter-spa", "mi355x", "mi300x", "sm100"),
         "quick": ("mi355x-aiter-spa", "sm100"),
     },
     "with_plugin": {
@@ -47,6 +47,7 @@ def run_patched(
     with_plugin: bool = False,
     size: str = "full",
     workers: int = 2,
+    series: str = "pr1",
 ) -> dict[str, dict]:
     """Per platform, the equivalence cells on the patched vLLM: without the
     plugin, or with every installed plugin (the patch and the plugin both).
@@ -57,6 +58,7 @@ def run_patched(
 
     def run(group: list[str]) -> dict[str, dict]:
         argv = ["-m", "tests.upstream.equivalence", "--size", size]
+        argv += ["--series", series]
         for platform in group:
             argv += ["--platform", platform]
         return json_from_out_file(argv, env, timeout=3600)
@@ -109,15 +111,16 @@ def main() -> None:
                 size=options.size,
                 workers=options.workers,
             ),
-            "pr1_pr2": run_patched(
-                overlay.build(Path(workdir) / "pr1_pr2", overlay.PATCHES),
-                PLATFORMS_BY_SERIES["pr1_pr2"][options.size],
+            "pr1_pr3": run_patched(
+                overlay.build(Path(workdir) / "pr1_pr3", overlay.PATCHES),
+                PLATFORMS_BY_SERIES["pr1_pr3"][options.size],
                 size=options.size,
                 workers=options.workers,
+                series="pr1_pr3",
             ),
         }
     plugin = run_matrix(options.size, options.workers)
-    for series, title in (("pr1", "PR 1 alone"), ("pr1_pr2", "PR 1 + PR 2")):
+    for series, title in (("pr1", "PR 1 alone"), ("pr1_pr3", "PR 1 + PR 3")):
         comparisons = {
             platform: equivalence.compare(
                 platform, plugin[platform]["plugin"], run, series, options.size
