@@ -139,11 +139,13 @@ DECLARED_DIFFERENCES = (
         "indexer_cp_left_alone",
         "With indexer CP requested on ROCm, the plugin lets 'auto' follow an "
         "fp8 KV cache (the AITER MSA CP indexer). PR 1 leaves CP's index cache "
-        "dtype alone, so an explicit CP user keeps the bf16 Triton CP indexer "
-        "they run today: the pool stays as in 0.33.",
+        "dtype alone, so an explicit CP user gets what 0.33 gives: the bf16 "
+        "Triton CP indexer in a mixed pool, or, with the AITER attend at more "
+        "than one KV head per rank (TP 2), vLLM's own model-build error (that "
+        "attend needs the MSA indexer's page table).",
         lambda cell: cell.indexer_cp and not cell.platform.startswith("sm"),
         plugin=frozenset({"uniform/indexer=fp8"}),
-        upstream=dict.fromkeys(BOTH, frozenset({"zeroing_needed"})),
+        upstream=dict.fromkeys(BOTH, AS_IN_VLLM_0_33),
     ),
     DeclaredDifference(
         "described_as_in_0_33",
