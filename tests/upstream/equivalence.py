@@ -261,6 +261,8 @@ def run(platform: str, size: str = "full", series: str = "pr1") -> dict:
             "id": cell.id,
             "class": matrix.outcome_class(cell, result),
             "precisions": result.get("precisions", []),
+            # The index-cache dtype the config resolved (None: refused first).
+            "indexer_kv_dtype": result.get("indexer_kv_dtype"),
         }
         if "config_error" in result:
             record["message"] = result["config_error"]["message"][:300]

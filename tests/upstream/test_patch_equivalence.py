@@ -405,6 +405,31 @@ def _checkpoint_kv_agreement(
     return counts
 
 
+@pytest.mark.parametrize("series", ["pr1", "pr1_pr3"])
+def test_where_the_default_applies_model_build_runs_it(
+    series, upstream_runs, matrix_size
+):
+    """The hook and model build ask one predicate: in every cell where PR 1
+    turned an unset or "auto" index cache into fp8, vLLM built the model and
+    planned the pool (no model-build, planning or MSA-kernel error)."""
+    applied, failed = 0, []
+    for platform, run in upstream_runs[series].items():
+        cells = {
+            cell.id: cell
+            for cell in equivalence.equivalence_cells(platform, matrix_size, series)
+        }
+        for record in run["records"]:
+            asked = cells[record["id"]].indexer_kv_dtype
+            if asked not in (None, "auto") or record["indexer_kv_dtype"] != "fp8":
+                continue
+            applied += 1
+            if record["class"].startswith(
+                ("build_error", "plan_error", "msa_kernels_missing")
+            ):
+                failed.append((record["id"], record["class"]))
+    assert applied > 20 and not failed, (applied, failed[:10])
+
+
 def test_the_plugin_on_a_pr1_vllm_keeps_its_own_outcome(
     reliability_matrix, upstream_runs
 ):
