@@ -122,6 +122,8 @@ model-build error stock vLLM gives (e.g. an fp8 indexer where none runs)."""
 BOTH = SERIES
 INDEX_CACHE_FP8_AS_IN_0_33 = "torch.float8_e4m3fn/NONE"
 """How vLLM 0.33 describes an fp8 index cache; no main cache is described so."""
+FP8_POOL_AS_IN_0_33 = {"torch.uint8/FP8_PER_TENSOR", INDEX_CACHE_FP8_AS_IN_0_33}
+"""An fp8 e4m3 main cache beside an fp8 index cache, as vLLM 0.33 describes them."""
 
 DECLARED_DIFFERENCES = (
     DeclaredDifference(
@@ -158,9 +160,10 @@ DECLARED_DIFFERENCES = (
         lambda cell: True,
         plugin=frozenset({"uniform/indexer=fp8", "uniform/indexer=fp8_e4m3"}),
         upstream=dict.fromkeys(BOTH, frozenset({"zeroing_needed"})),
-        # The index cache it built is fp8, as 0.33 describes one: not a bf16
-        # index cache that also ends "zeroing_needed".
-        built=lambda precisions: INDEX_CACHE_FP8_AS_IN_0_33 in precisions,
+        # The pool holds the plugin's bytes, described as 0.33 does: fp8 main
+        # caches and fp8 index caches (the MTP drafter's too), nothing bf16
+        # that would also end "zeroing_needed".
+        built=lambda precisions: set(precisions) == FP8_POOL_AS_IN_0_33,
     ),
     DeclaredDifference(
         "no_index_cache",
