@@ -273,6 +273,12 @@ def run_hooks(
 MYPY_HOOK = "mypy"
 
 
+def python_files_in(tree: Path, files: list[str]) -> list[str]:
+    """The Python files of ``files`` that ``tree`` has: a stock tree lacks the
+    patches' new files, and mypy given a missing path checks nothing at all."""
+    return [f for f in files if f.endswith((".py", ".pyi")) and (tree / f).is_file()]
+
+
 def mypy_errors(tree: Path, files: list[str]) -> set[str]:
     """vLLM's own mypy hook (``tools/pre_commit/mypy.py 3.11``) with the
     dependencies its pre-commit entry pins, installed once into ``CACHE``;
@@ -291,11 +297,7 @@ def mypy_errors(tree: Path, files: list[str]) -> set[str]:
             check=True,
             timeout=900,
         )
-    # Only the files this tree has: a stock tree lacks the patches' new files,
-    # and mypy given a missing path checks nothing at all.
-    python_files = [
-        f for f in files if f.endswith((".py", ".pyi")) and (tree / f).is_file()
-    ]
+    python_files = python_files_in(tree, files)
     env = {
         **os.environ,
         "PATH": f"{target / 'bin'}:{os.environ['PATH']}",

@@ -48,3 +48,15 @@ def test_the_hooks_catch_an_untethered_test_and_a_forbidden_import(tmp_path):
         "check-test-tethering": True,
         "check-forbidden-imports": True,
     }, [r.output[-800:] for r in results]
+
+
+def test_mypy_is_given_only_the_files_each_tree_has(tmp_path):
+    """On the stock tree the patches' new test files do not exist; mypy given
+    a missing path checks nothing, so every patched-tree error looked added."""
+    stock = precommit.patched_tree(tmp_path / "stock", ())
+    files = precommit.changed_files(overlay.PATCHES)
+    new = "tests/config/test_checkpoint_kv_cache_dtype.py"
+    assert new in files and not (stock / new).exists()
+    given = precommit.python_files_in(stock, files)
+    assert new not in given and "vllm/utils/torch_utils.py" in given
+    assert not [f for f in given if not f.endswith(".py")]
