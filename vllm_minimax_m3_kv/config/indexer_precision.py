@@ -300,6 +300,9 @@ class Verdict:
     fixes: tuple[Fix, ...] = ()
     notes: tuple[str, ...] = ()
     """Warnings that do not stop the start (e.g. a skip request vLLM ignores)."""
+    fp8_indexer: str | None = None
+    """Which indexer runs the fp8 index cache, where the platform has more
+    than one (``ROCM_TRITON_INDEXER`` or ``ROCM_MSA_INDEXER``)."""
 
     @property
     def uniform(self) -> bool:
@@ -333,7 +336,7 @@ def _enable_aiter_fix(platform: PlatformFacts) -> Fix:
         (SHUFFLE_KV_ENV, platform.shuffle_kv_cache_layout),
     )
     return Fix(
-        "turn on AITER sparse paged attention, the only ROCm fp8 indexer",
+        "turn on AITER sparse paged attention and its MSA indexer",
         env=tuple((name, "1") for name, already in wanted if not already),
     )
 
@@ -358,7 +361,7 @@ def _indexer_cp_needs_rocm_tp(facts: PrecisionFacts) -> _Blocker | None:
     )
 
 
-def _rocm_needs_gfx950(facts: PrecisionFacts) -> _Blocker | None:
+def _rocm_msa_needs_gfx950(facts: PrecisionFacts) -> _Blocker | None:
     # msa_indexer_unsupported_reason checks AITER first; the arch goes first
     # here so gfx942 hears the reason no env variable can change.
     platform = facts.platform
@@ -371,19 +374,19 @@ def _rocm_needs_gfx950(facts: PrecisionFacts) -> _Blocker | None:
     )
 
 
-def _rocm_needs_aiter_installed(facts: PrecisionFacts) -> _Blocker | None:
+def _rocm_msa_needs_aiter_installed(facts: PrecisionFacts) -> _Blocker | None:
     # vLLM's AITER switches (@if_aiter_supported) all answer None without it.
     platform = facts.platform
     if platform.vendor != "rocm" or platform.aiter_installed:
         return None
     return _Blocker(
-        "the aiter package is not installed (or does not support this GPU), and "
-        "the only ROCm fp8 indexer is the AITER MSA indexer",
+        "the AITER MSA indexer needs the aiter package, which is not installed "
+        "(or does not support this GPU)",
         (Fix("install aiter", requires=(AITER_REQUIREMENT,)),),
     )
 
 
-def _rocm_needs_aiter_msa_kernels(facts: PrecisionFacts) -> _Blocker | None:
+def _rocm_msa_needs_aiter_msa_kernels(facts: PrecisionFacts) -> _Blocker | None:
     # The MSA indexer imports them in its CP gate (model build, TP > 1) and
     # in its kernel launches: without them a model builds, then fails a request.
     platform = facts.platform
@@ -394,13 +397,13 @@ def _rocm_needs_aiter_msa_kernels(facts: PrecisionFacts) -> _Blocker | None:
     ):
         return None
     return _Blocker(
-        "the installed aiter lacks the MSA kernels the fp8 indexer imports "
+        "the installed aiter lacks the MSA kernels the AITER MSA indexer imports "
         "(aiter.ops.msa_block_select, aiter.ops.msa_attention)",
         (Fix("update aiter", requires=(AITER_MSA_REQUIREMENT,)),),
     )
 
 
-def _rocm_needs_aiter_sparse_pa(facts: PrecisionFacts) -> _Blocker | None:
+def _rocm_msa_needs_aiter_sparse_pa(facts: PrecisionFacts) -> _Blocker | None:
     platform = facts.platform
     if platform.vendor != "rocm" or (
         platform.aiter_enabled and platform.shuffle_kv_cache_layout
@@ -414,8 +417,7 @@ def _rocm_needs_aiter_sparse_pa(facts: PrecisionFacts) -> _Blocker | None:
         )
     )
     return _Blocker(
-        "on ROCm the only fp8 indexer is the AITER MSA indexer, which runs "
-        f"only with AITER sparse paged attention ({state})",
+        f"the AITER MSA indexer runs only with AITER sparse paged attention ({state})",
         (_enable_aiter_fix(platform),),
     )
 
@@ -460,8 +462,8 @@ def _rocm_msa_topk_block_limit(facts: PrecisionFacts) -> _Blocker | None:
 
 
 def _needs_fp8_capable_gpu(facts: PrecisionFacts) -> _Blocker | None:
-    # select_indexer_impl_cls: off ROCm's MSA path, fp8 needs a CUDA device
-    # that supports fp8 (SM89 and newer); no other platform has one.
+    # select_indexer_impl_cls: fp8 needs a CUDA device that supports fp8 (SM89
+    # and newer) or, with this plugin, ROCm (its own rules below).
     platform = facts.platform
     if platform.vendor == "rocm" or (
         platform.vendor == "cuda" and platform.cuda_supports_fp8
@@ -474,25 +476,175 @@ def _needs_fp8_capable_gpu(facts: PrecisionFacts) -> _Blocker | None:
     )
 
 
+def _rocm_triton_fp8_needs_gfx950(facts: PrecisionFacts) -> _Blocker | None:
+    # The plugin opens vLLM's Triton indexer to fp8 on gfx950 only: its e4m3fn
+    # index cache is the OCP type that gfx950's fp8 dots take natively.
+    platform = facts.platform
+    if platform.vendor != "rocm" or platform.rocm_gfx950:
+        return None
+    return _Blocker(
+        f"{ROCM_TRITON_INDEXER} runs an fp8 index cache only on gfx950 "
+        f"(MI355X/MI350X) so far, and this is {platform.name}",
+        (),
+    )
+
+
+def _rocm_triton_fp8_needs_no_indexer_cp(facts: PrecisionFacts) -> _Blocker | None:
+    # select_indexer_impl_cls: the context-parallel Triton indexer takes only
+    # a bf16 index cache.
+    if facts.platform.vendor != "rocm" or not facts.indexer_cp:
+        return None
+    return _Blocker(
+        f"{ROCM_TRITON_INDEXER} shards its index cache across TP ranks "
+        "(minimax_m3_indexer_cp) only in bf16",
+        (Fix("use the default indexer", flags=((INDEXER_CP_FLAG, "false"),)),),
+    )
+
+
+def _rocm_triton_indexer_needs_one_kv_head_per_rank(
+    facts: PrecisionFacts,
+) -> _Blocker | None:
+    # minimax_m3_use_aiter_sparse_pa: AITER sparse PA serves more than one KV
+    # head per rank only with the MSA indexer's page table; beside the Triton
+    # indexer the model build fails whatever the index cache dtype.
+    if not facts.platform.aiter_sparse_pa or facts.kv_heads_per_rank <= 1:
+        return None
+    return _Blocker(
+        f"beside AITER sparse paged attention {ROCM_TRITON_INDEXER} serves "
+        f"one KV head per rank, and tensor_parallel_size="
+        f"{facts.tensor_parallel_size} leaves {facts.kv_heads_per_rank}",
+        (
+            Fix(
+                f"{ROCM_TRITON_INDEXER} without AITER sparse paged attention",
+                env=((SHUFFLE_KV_ENV, "0"),),
+            ),
+        ),
+    )
+
+
+ANY_INDEXER = ""
+"""A rule every fp8 indexer on the platform needs."""
+ROCM_MSA_INDEXER = "the AITER MSA indexer"
+ROCM_TRITON_INDEXER = "vLLM's Triton indexer"
+"""On ROCm, with an fp8 index cache, only by this plugin's registry entry
+``minimax_m3_rocm_fp8_triton_indexer`` (``patches.py``)."""
+
+
 @dataclass(frozen=True)
 class Rule:
     """One condition an fp8 MiniMax-M3 indexer needs, restating a vLLM gate."""
 
     name: str
     check: Callable[[PrecisionFacts], _Blocker | None]
+    indexer: str = ANY_INDEXER
+    """The indexer this rule gates (``ANY_INDEXER``: all of them)."""
+    once_selected: bool = False
+    """Checked only once vLLM has selected the indexer: failing it then stops
+    the start instead of letting vLLM fall back to another indexer."""
 
 
 FP8_INDEXER_RULES: tuple[Rule, ...] = (
     Rule("indexer_cp_needs_rocm_tp", _indexer_cp_needs_rocm_tp),
-    Rule("rocm_needs_gfx950", _rocm_needs_gfx950),
-    Rule("rocm_needs_aiter_installed", _rocm_needs_aiter_installed),
-    Rule("rocm_needs_aiter_msa_kernels", _rocm_needs_aiter_msa_kernels),
-    Rule("rocm_needs_aiter_sparse_pa", _rocm_needs_aiter_sparse_pa),
-    Rule("rocm_msa_shape_contract", _rocm_msa_shape_contract),
-    Rule("rocm_msa_topk_block_limit", _rocm_msa_topk_block_limit),
     Rule("needs_fp8_capable_gpu", _needs_fp8_capable_gpu),
+    # ROCm: vLLM selects the AITER MSA indexer wherever its contract holds
+    # (amd/model.py, _build_sparse_indexer_context), else the neutral one.
+    Rule("rocm_msa_needs_gfx950", _rocm_msa_needs_gfx950, ROCM_MSA_INDEXER),
+    Rule(
+        "rocm_msa_needs_aiter_installed",
+        _rocm_msa_needs_aiter_installed,
+        ROCM_MSA_INDEXER,
+    ),
+    Rule(
+        "rocm_msa_needs_aiter_sparse_pa",
+        _rocm_msa_needs_aiter_sparse_pa,
+        ROCM_MSA_INDEXER,
+    ),
+    Rule("rocm_msa_shape_contract", _rocm_msa_shape_contract, ROCM_MSA_INDEXER),
+    Rule("rocm_msa_topk_block_limit", _rocm_msa_topk_block_limit, ROCM_MSA_INDEXER),
+    Rule(
+        "rocm_msa_needs_aiter_msa_kernels",
+        _rocm_msa_needs_aiter_msa_kernels,
+        ROCM_MSA_INDEXER,
+        once_selected=True,
+    ),
+    Rule(
+        "rocm_triton_fp8_needs_gfx950",
+        _rocm_triton_fp8_needs_gfx950,
+        ROCM_TRITON_INDEXER,
+    ),
+    Rule(
+        "rocm_triton_fp8_needs_no_indexer_cp",
+        _rocm_triton_fp8_needs_no_indexer_cp,
+        ROCM_TRITON_INDEXER,
+    ),
+    Rule(
+        "rocm_triton_indexer_needs_one_kv_head_per_rank",
+        _rocm_triton_indexer_needs_one_kv_head_per_rank,
+        ROCM_TRITON_INDEXER,
+    ),
 )
-"""Checked in order; the first that blocks explains why no fp8 indexer runs."""
+"""Every condition, per indexer; :func:`fp8_indexers` says which one runs."""
+
+
+@dataclass(frozen=True)
+class Fp8Indexers:
+    """Which fp8 indexer vLLM would select here, or what stops each one."""
+
+    runs: str | None
+    """The indexer that runs an fp8 index cache (``ANY_INDEXER`` off ROCm,
+    where vLLM's own choice needs no name); None when none can."""
+    common: tuple[_Blocker, ...] = ()
+    """What stops every indexer."""
+    candidates: tuple[tuple[str, tuple[_Blocker, ...]], ...] = ()
+    """Each indexer that could be made to run, with what stops it alone."""
+
+    @property
+    def blocked(self) -> bool:
+        return self.runs is None
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        own = tuple(b.reason for _, blockers in self.candidates for b in blockers)
+        return tuple(dict.fromkeys(b.reason for b in self.common)) + own
+
+
+NO_FP8_INDEXER_QUESTION = Fp8Indexers(runs=ANY_INDEXER)
+"""For pools whose index cache needs no fp8 indexer (both caches bf16)."""
+
+
+def fp8_indexers(facts: PrecisionFacts) -> Fp8Indexers:
+    """Which fp8 indexer would run with these facts, as vLLM selects it."""
+
+    def failing(indexer: str, once_selected: bool = False) -> tuple[_Blocker, ...]:
+        return tuple(
+            blocker
+            for rule in FP8_INDEXER_RULES
+            if rule.indexer == indexer and rule.once_selected == once_selected
+            if (blocker := rule.check(facts)) is not None
+        )
+
+    common = failing(ANY_INDEXER)
+    if facts.platform.vendor != "rocm":
+        return Fp8Indexers(
+            runs=None if common else ANY_INDEXER,
+            common=common,
+            candidates=((ANY_INDEXER, ()),) if common else (),
+        )
+    msa = failing(ROCM_MSA_INDEXER)
+    msa_after = failing(ROCM_MSA_INDEXER, once_selected=True)
+    if not common and not msa:
+        # Selected: vLLM builds it and fails there, with no fallback.
+        if msa_after:
+            return Fp8Indexers(None, (), ((ROCM_MSA_INDEXER, msa_after),))
+        return Fp8Indexers(ROCM_MSA_INDEXER)
+    triton = failing(ROCM_TRITON_INDEXER)
+    if not common and not triton:
+        return Fp8Indexers(ROCM_TRITON_INDEXER)
+    return Fp8Indexers(
+        None,
+        common,
+        ((ROCM_TRITON_INDEXER, triton), (ROCM_MSA_INDEXER, msa + msa_after)),
+    )
 
 
 def _kv_origin(facts: PrecisionFacts) -> str:
@@ -522,33 +674,42 @@ _MIXED_POOL = (
 )
 
 
-def _blockers(facts: PrecisionFacts) -> list[_Blocker]:
-    """Every reason no fp8 indexer impl would be selected here; empty if one is."""
-    return [b for rule in FP8_INDEXER_RULES if (b := rule.check(facts)) is not None]
+def _why(indexers: Fp8Indexers) -> str:
+    return "; also, ".join(indexers.reasons)
 
 
-def _why(blockers: list[_Blocker]) -> str:
-    return "; also, ".join(blocker.reason for blocker in blockers)
-
-
-def _fp8_fix(
-    facts: PrecisionFacts, blockers: list[_Blocker], *flags: tuple[str, str]
-) -> Fix | None:
-    """The fix that gives both caches fp8 e4m3, if this machine can run it."""
-    if any(not blocker.fixes for blocker in blockers):
-        return None  # hardware or checkpoint: no flag changes it
-    enabling = [blocker.fixes[0] for blocker in blockers]
+def _fp8_fixes(
+    facts: PrecisionFacts, indexers: Fp8Indexers, *flags: tuple[str, str]
+) -> tuple[Fix, ...]:
+    """The fixes that give both caches fp8 e4m3, one per indexer this machine
+    can be made to run (none where hardware or checkpoint stops them all)."""
     keeps_main = facts.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES and not any(
         flag == KV_CACHE_DTYPE_FLAG for flag, _ in flags
     )
-    return Fix(
+    summary = (
         "keep the fp8 KV cache, fp8 indexer"
         if keeps_main
-        else "fp8 KV cache and fp8 indexer",
-        flags=tuple(flags) + tuple(f for fix in enabling for f in fix.flags),
-        env=tuple(dict(e for fix in enabling for e in fix.env).items()),
-        requires=tuple(dict.fromkeys(r for fix in enabling for r in fix.requires)),
+        else "fp8 KV cache and fp8 indexer"
     )
+    fixable = [
+        (name, indexers.common + blockers)
+        for name, blockers in indexers.candidates
+        if all(blocker.fixes for blocker in indexers.common + blockers)
+    ]
+    fixes = []
+    for name, blockers in fixable:
+        enabling = [blocker.fixes[0] for blocker in blockers]
+        fixes.append(
+            Fix(
+                f"{summary} ({name})" if name and len(fixable) > 1 else summary,
+                flags=tuple(flags) + tuple(f for fix in enabling for f in fix.flags),
+                env=tuple(dict(e for fix in enabling for e in fix.env).items()),
+                requires=tuple(
+                    dict.fromkeys(r for fix in enabling for r in fix.requires)
+                ),
+            )
+        )
+    return tuple(fixes)
 
 
 def _bf16_indexer_needs(
@@ -639,20 +800,20 @@ def _is_fp8_indexer(facts: PrecisionFacts) -> bool:
 
 
 def _fp8_indexer_must_run_here(
-    facts: PrecisionFacts, blockers: list[_Blocker]
+    facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
-    if not _is_fp8_indexer(facts) or not blockers:
+    if not _is_fp8_indexer(facts) or not indexers.blocked:
         return None
     return _error(
         facts,
-        f"no fp8 indexer can run here, because {_why(blockers)}",
-        _fp8_fix(facts, blockers, (KV_CACHE_DTYPE_FLAG, "fp8")),
+        f"no fp8 indexer can run here, because {_why(indexers)}",
+        *_fp8_fixes(facts, indexers, (KV_CACHE_DTYPE_FLAG, "fp8")),
         _both_bf16_fix(facts),
     )
 
 
 def _fp8_indexer_needs_e4m3_main(
-    facts: PrecisionFacts, blockers: list[_Blocker]
+    facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
     kv = facts.kv_cache_dtype
     if not _is_fp8_indexer(facts) or kv in FP8_E4M3_KV_CACHE_DTYPES:
@@ -667,26 +828,26 @@ def _fp8_indexer_needs_e4m3_main(
 
 
 def _indexer_stores_bf16_or_fp8(
-    facts: PrecisionFacts, blockers: list[_Blocker]
+    facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
     # MiniMaxM3IndexerCache raises NotImplementedError at model build for
     # anything else (mxfp4, nvfp4): no main cache can match it.
     indexer = facts.indexer_kv_dtype
     if indexer in BF16_INDEXER_DTYPES or _is_fp8_indexer(facts):
         return None
-    keep_fp8 = None
+    keep_fp8: tuple[Fix, ...] = ()
     if facts.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
-        keep_fp8 = _fp8_fix(facts, blockers, (INDEXER_KV_DTYPE_FLAG, "fp8"))
+        keep_fp8 = _fp8_fixes(facts, indexers, (INDEXER_KV_DTYPE_FLAG, "fp8"))
     return _error(
         facts,
         f"the MiniMax-M3 indexer cache stores only bf16 or fp8 e4m3, not {indexer}",
-        keep_fp8,
+        *keep_fp8,
         _both_bf16_fix(facts),
     )
 
 
 def _main_cache_matches_an_indexer(
-    facts: PrecisionFacts, blockers: list[_Blocker]
+    facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
     main = facts.main_cache_precision
     if main in (BF16, "fp8_e4m3"):
@@ -696,9 +857,9 @@ def _main_cache_matches_an_indexer(
         f"the main cache would be {main} and the indexer cache bf16: MiniMax-M3 "
         "indexers store only bf16 or fp8 e4m3, so no indexer shares this "
         "precision; " + _MIXED_POOL,
-        _fp8_fix(
+        *_fp8_fixes(
             facts,
-            blockers,
+            indexers,
             (KV_CACHE_DTYPE_FLAG, "fp8"),
             (INDEXER_KV_DTYPE_FLAG, "fp8"),
         ),
@@ -708,22 +869,22 @@ def _main_cache_matches_an_indexer(
 
 
 def _auto_indexer_needs_an_fp8_indexer(
-    facts: PrecisionFacts, blockers: list[_Blocker]
+    facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
-    if facts.indexer_kv_dtype != "auto" or not blockers:
+    if facts.indexer_kv_dtype != "auto" or not indexers.blocked:
         return None
     return _error(
         facts,
         f"the indexer would stay bf16 beside the fp8 main cache, because "
-        f"{_why(blockers)}; " + _MIXED_POOL,
-        _fp8_fix(facts, blockers),
+        f"{_why(indexers)}; " + _MIXED_POOL,
+        *_fp8_fixes(facts, indexers),
         _bf16_fix(facts, "main cache bf16", *_bf16_main_flags(facts)),
         _mixed_fix(facts),
     )
 
 
 def _explicit_indexer_matches_fp8_main(
-    facts: PrecisionFacts, blockers: list[_Blocker]
+    facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
     indexer = facts.indexer_kv_dtype
     if indexer == "auto" or _is_fp8_indexer(facts):
@@ -732,7 +893,7 @@ def _explicit_indexer_matches_fp8_main(
         facts,
         f"an explicit {indexer} indexer would sit beside the fp8 main cache; "
         + _MIXED_POOL,
-        _fp8_fix(facts, blockers, (INDEXER_KV_DTYPE_FLAG, "fp8")),
+        *_fp8_fixes(facts, indexers, (INDEXER_KV_DTYPE_FLAG, "fp8")),
         _both_bf16_fix(facts),
         _mixed_fix(facts),
     )
@@ -750,7 +911,7 @@ def _skipped_layers(facts: PrecisionFacts) -> str | None:
 
 
 def _skipped_layers_keep_one_precision(
-    facts: PrecisionFacts, blockers: list[_Blocker]
+    facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
     # vLLM's generic Attention (MiniMax-M3's dense layers) stores a skipped
     # layer's main cache at the model dtype; the rest of the pool is quantized.
@@ -793,7 +954,7 @@ def _drafter_mismatch(facts: PrecisionFacts) -> str | None:
 
 
 def _drafter_kv_cache_matches_target(
-    facts: PrecisionFacts, blockers: list[_Blocker]
+    facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
     why = _drafter_mismatch(facts)
     if why is None:
@@ -1005,7 +1166,7 @@ def decide(facts: PrecisionFacts) -> Verdict:
         verdict = _with_drafter_matched(facts, target)
         return replace(_with_skipped_layers_dropped(facts, verdict), notes=notes)
     for rule in DRAFTER_RULES:
-        verdict = rule.check(facts, [])
+        verdict = rule.check(facts, NO_FP8_INDEXER_QUESTION)
         if verdict is not None:
             return replace(_with_skipped_layers_dropped(facts, verdict), notes=notes)
     return replace(target, notes=notes)
@@ -1022,15 +1183,22 @@ def _uniform_indexer(facts: PrecisionFacts) -> Verdict:
         )
     if facts.main_cache_precision == BF16 and indexer in BF16_INDEXER_DTYPES:
         return Verdict(Outcome.UNCHANGED, indexer, "both caches bf16")
+    runs = fp8_indexers(facts).runs
     if _is_fp8_indexer(facts):
-        return Verdict(Outcome.UNIFORM, indexer, "both caches fp8 e4m3 as set")
+        return Verdict(
+            Outcome.UNIFORM,
+            indexer,
+            "both caches fp8 e4m3 as set",
+            fp8_indexer=runs or None,
+        )
     if indexer == "auto":
         return Verdict(
             Outcome.INHERITED,
             "fp8",
-            f"inherited from {_kv_origin(facts)}: an fp8 indexer runs on "
-            f"{facts.platform.name}, so both caches share fp8 e4m3 and vLLM "
-            "builds no KV block zeroer",
+            f"inherited from {_kv_origin(facts)}: {runs or 'an fp8 indexer'} "
+            f"runs on {facts.platform.name}, so both caches share fp8 e4m3 and "
+            "vLLM builds no KV block zeroer",
+            fp8_indexer=runs or None,
         )
     # Reached only if a pairing rule above is taken out: leave the request be.
     return Verdict(Outcome.UNCHANGED, indexer, "left as requested")
@@ -1041,11 +1209,13 @@ def _decide_target(facts: PrecisionFacts) -> Verdict:
     indexer = facts.indexer_kv_dtype
     in_scope = all(rule.applies(facts) for rule in SCOPE_RULES)
     both_bf16 = facts.main_cache_precision == BF16 and indexer in BF16_INDEXER_DTYPES
-    blockers = _blockers(facts) if in_scope and not both_bf16 else []
+    indexers = (
+        fp8_indexers(facts) if in_scope and not both_bf16 else NO_FP8_INDEXER_QUESTION
+    )
     for rule in PAIRING_RULES:
         if rule.about_index_cache and (both_bf16 or not in_scope):
             continue
-        verdict = rule.check(facts, blockers)
+        verdict = rule.check(facts, indexers)
         if verdict is None:
             continue
         if rule.mixed_pool_runs and facts.allow_mixed and _main_cache_runs_here(facts):
