@@ -12,6 +12,16 @@ ALLOW_MIXED_ENV = "VLLM_MINIMAX_M3_KV_ALLOW_MIXED"
 """The operator's explicit opt-in to a mixed pool (fp8 or other main cache
 beside a bf16 indexer), which then runs with zeroing on every worker."""
 
+SKIP_SELFTEST_ENV = "VLLM_MINIMAX_M3_KV_SKIP_SELFTEST"
+"""Skips the per-process fp8 indexer self-test (``selftest.py``) on an image
+already verified."""
+
+
+def skip_selftest_from_env() -> bool:
+    """``VLLM_MINIMAX_M3_KV_SKIP_SELFTEST``, parsed leniently: any value but
+    empty or 0 skips."""
+    return os.getenv(SKIP_SELFTEST_ENV, "0") not in ("", "0")
+
 
 def allow_mixed_from_env() -> bool:
     """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED``, parsed as vLLM parses its own flags.

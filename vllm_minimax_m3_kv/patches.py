@@ -34,6 +34,8 @@ KV_CACHE_PLANNING_MODULE = "vllm.v1.core.kv_cache_planning"
 KV_CACHE_UTILS_MODULE = "vllm.v1.core.kv_cache_utils"
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 ENVS_MODULE = "vllm.envs"
+AMD_MODEL_MODULE = "vllm.models.minimax_m3.amd.model"
+AMD_MTP_MODULE = "vllm.models.minimax_m3.amd.mtp"
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,57 @@ def _apply_indexer_cache() -> None:
     when_imported(INDEXER_MODULE, _patch_indexer_cache)
 
 
+# -- vLLM's Triton indexer with an fp8 index cache on ROCm gfx950 ------------
+
+
+def _detect_rocm_fp8_triton_indexer() -> str | None:
+    return (
+        _source_lacks(
+            INDEXER_MODULE,
+            "def select_indexer_impl_cls(",
+            "requires CUDA fp8 support.",
+            "class MiniMaxM3IndexerTritonImpl",
+        )
+        # The ROCm model allocates the index query in the index cache's dtype
+        # (the Triton dots take fp8 x fp8, not bf16 x fp8).
+        or _source_lacks(AMD_MODEL_MODULE, "dtype=self.indexer.index_cache.dtype")
+        or _source_lacks(
+            AMD_MTP_MODULE,
+            "class MiniMaxM3MultiTokenPredictor(",
+            'indexer_kv_dtype != "bf16"',
+            "has nowhere to go",
+        )
+    )
+
+
+def _patch_indexer_selection(module: ModuleType) -> None:
+    from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fp8_triton_indexer import (
+        wrap_select_indexer_impl_cls,
+    )
+    from vllm_minimax_m3_kv.selftest import check_node_once
+
+    current = module.select_indexer_impl_cls
+    if not hasattr(current, "__wrapped__"):
+        module.select_indexer_impl_cls = wrap_select_indexer_impl_cls(
+            current, module.MiniMaxM3IndexerTritonImpl, check_node_once
+        )
+
+
+def _patch_mtp_guard(module: ModuleType) -> None:
+    from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fp8_triton_indexer import (
+        wrap_mtp_init,
+    )
+
+    predictor = module.MiniMaxM3MultiTokenPredictor
+    if not hasattr(predictor.__init__, "__wrapped__"):
+        predictor.__init__ = wrap_mtp_init(predictor.__init__)
+
+
+def _apply_rocm_fp8_triton_indexer() -> None:
+    when_imported(INDEXER_MODULE, _patch_indexer_selection)
+    when_imported(AMD_MTP_MODULE, _patch_mtp_guard)
+
+
 # -- one KV zeroing decision per MiniMax-M3 engine (vLLM PR #64472) -----------
 
 
@@ -216,9 +269,15 @@ def _detect_env_table() -> str | None:
 
 
 def _register_env_variable(module: ModuleType) -> None:
-    from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV, allow_mixed_from_env
+    from vllm_minimax_m3_kv.envs import (
+        ALLOW_MIXED_ENV,
+        SKIP_SELFTEST_ENV,
+        allow_mixed_from_env,
+        skip_selftest_from_env,
+    )
 
     module.environment_variables.setdefault(ALLOW_MIXED_ENV, allow_mixed_from_env)
+    module.environment_variables.setdefault(SKIP_SELFTEST_ENV, skip_selftest_from_env)
 
 
 def _apply_env_table() -> None:
@@ -294,6 +353,39 @@ PATCHES: tuple[Patch, ...] = (
         superseded=_native_indexer_cache,
     ),
     Patch(
+        name="minimax_m3_rocm_fp8_triton_indexer",
+        why=(
+            "On ROCm vLLM 0.33 runs an fp8 index cache only on the AITER MSA "
+            "indexer (AITER sparse paged attention on, gfx950), which public "
+            "MI355X recipes leave off below 8K input / concurrency 64. Off it, "
+            "select_indexer_impl_cls refuses fp8 only because the platform is "
+            "not CUDA: the ROCm Triton scorers it would pick load K and Q in "
+            "their stored dtype with fp32 accumulation (bit-exact against the "
+            "same bytes in bf16, tests/kernels/test_rocm_fp8_triton_indexer.py)."
+        ),
+        how=(
+            "When the indexer module is imported, select_indexer_impl_cls "
+            "returns MiniMaxM3IndexerTritonImpl for an fp8 e4m3 index cache on "
+            "ROCm gfx950 with minimax_m3_indexer_cp off, after the node "
+            "self-test passes once per process (vllm_minimax_m3_kv.selftest; "
+            "VLLM_MINIMAX_M3_KV_SKIP_SELFTEST=1 skips it); everything else asks "
+            "vLLM's own selection. The ROCm MTP drafter's bf16-only check in "
+            "MiniMaxM3MultiTokenPredictor.__init__ hears bf16 on that path; its "
+            "layers still read the fp8 dtype."
+        ),
+        upstream=(
+            "vllm-project/vllm#53448 (closed) relaxed this gate for gfx950; "
+            "#47665 (open) adds fp8 to the Triton scorers. Awaits an upstream "
+            "gate that admits ROCm fp8 where the Triton kernels run it."
+        ),
+        remove_when=(
+            "vLLM's select_indexer_impl_cls selects the Triton indexer for an "
+            "fp8 index cache on ROCm gfx950 (and the ROCm MTP drafter allows it)."
+        ),
+        detect=_detect_rocm_fp8_triton_indexer,
+        apply=_apply_rocm_fp8_triton_indexer,
+    ),
+    Patch(
         name="minimax_m3_kv_zeroing_decision",
         why=(
             "Defense in depth, and what makes VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 "
@@ -328,12 +420,13 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="minimax_m3_kv_allow_mixed_env",
         why=(
-            "VLLM_MINIMAX_M3_KV_ALLOW_MIXED starts with VLLM_, so vLLM's "
+            "VLLM_MINIMAX_M3_KV_ALLOW_MIXED and VLLM_MINIMAX_M3_KV_SKIP_SELFTEST "
+            "start with VLLM_, so vLLM's "
             "Platform.validate_environ warns that it is unknown, and with "
             "--fail-on-environ-validation refuses to start."
         ),
         how=(
-            "Adds the variable to vllm.envs.environment_variables with the "
+            "Adds the variables to vllm.envs.environment_variables with the "
             "plugin's own parser, so vLLM knows the name and envs.<name> reads "
             "it as vLLM reads its own flags. Like every vLLM variable it then "
             "counts in vLLM's torch.compile cache key (envs.compile_factors)."

@@ -71,7 +71,7 @@ ZEROER_STOCK = (
 )
 PLUGIN_ENTRY_POINT = "minimax_m3_kv"
 """The plugin's name in ``vllm.general_plugins``, as ``VLLM_PLUGINS`` lists it."""
-COMMANDS = ("check", "status")
+COMMANDS = ("check", "status", "selftest")
 COMMON_GROUPS = (
     "ModelConfig",
     "CacheConfig",
@@ -912,6 +912,11 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_minimax_m3_kv.entrypoints.status import main as status
 
         return status()
+    if argv[:1] == ["selftest"]:
+        # On this node's GPU, with its own vLLM platform: no offline target.
+        from vllm_minimax_m3_kv.selftest import main as selftest
+
+        return selftest(argv[1:])
     # A named target's verdict is never for this machine: vLLM's CPU platform
     # lets its serve parser build anywhere, GPU or not, and the same way.
     # --target here is judged on the platform vLLM detects.

@@ -1,0 +1,112 @@
+"""MiniMax-M3 on ROCm gfx950: vLLM's Triton indexer with an fp8 index cache.
+
+vLLM 0.33 gives ROCm an fp8 index cache only through the AITER MSA indexer.
+Without AITER sparse paged attention the model builds the neutral
+``MiniMaxM3Indexer``, whose ``select_indexer_impl_cls`` refuses fp8 because
+the platform is not CUDA, although the Triton kernels it would pick on ROCm
+(``models/minimax_m3/amd/ops/index_topk.py``) load K and Q in their stored
+dtype with fp32 accumulation, and the model already allocates the index query
+in the index cache's dtype and writes both with the fused insert.
+
+Here the gate selects ``MiniMaxM3IndexerTritonImpl`` for an fp8 e4m3 index
+cache on gfx950 (not for the context-parallel indexer, which stays bf16), after
+the node self-test (``vllm_minimax_m3_kv.selftest``) has checked the kernels on
+this GPU; and the ROCm MTP drafter's bf16-only check lets its draft layers take
+the same indexer.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from vllm_minimax_m3_kv.config.indexer_precision import (
+    FP8_INDEXER_DTYPES,
+    ROCM_TRITON_INDEXER,
+)
+
+
+def rocm_fp8_triton_indexer_applies(indexer_kv_dtype: str) -> bool:
+    """Whether this process's model build takes the plugin's fp8 Triton path:
+    ROCm gfx950, an fp8 e4m3 index cache, indexer CP off."""
+    if indexer_kv_dtype not in FP8_INDEXER_DTYPES:
+        return False
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_rocm():
+        return False
+    from vllm.platforms import rocm
+
+    if not rocm.on_gfx950():
+        return False
+    from vllm.config import get_current_vllm_config
+
+    return not get_current_vllm_config().attention_config.minimax_m3_indexer_cp
+
+
+def wrap_select_indexer_impl_cls(
+    original: Callable[..., type],
+    triton_impl: type,
+    before_selecting: Callable[[], None],
+) -> Callable[..., type]:
+    """``select_indexer_impl_cls`` that returns ``triton_impl`` for an fp8
+    index cache on gfx950, once ``before_selecting`` (the node self-test) has
+    passed, and asks vLLM's own selection everywhere else."""
+
+    def select_indexer_impl_cls(
+        *, topk_blocks: int, indexer_kv_dtype: str = "bf16"
+    ) -> type:
+        if not rocm_fp8_triton_indexer_applies(indexer_kv_dtype):
+            return original(topk_blocks=topk_blocks, indexer_kv_dtype=indexer_kv_dtype)
+        before_selecting()
+        from vllm_minimax_m3_kv._log import get_logger
+
+        get_logger(__name__).info_once(
+            "MiniMax M3 indexer: selected Triton with an fp8 index cache on "
+            "gfx950 (%s, by vllm-minimax-m3-kv) [topk_blocks=%d, "
+            "indexer_kv_dtype=%s]",
+            ROCM_TRITON_INDEXER,
+            topk_blocks,
+            indexer_kv_dtype,
+        )
+        return triton_impl
+
+    select_indexer_impl_cls.__wrapped__ = original  # type: ignore[attr-defined]
+    select_indexer_impl_cls.__doc__ = original.__doc__
+    return select_indexer_impl_cls
+
+
+def wrap_mtp_init(original: Callable[..., None]) -> Callable[..., None]:
+    """``MiniMaxM3MultiTokenPredictor.__init__`` whose own bf16-only check
+    (made where the MSA indexer is not selected) hears "bf16" when the fp8
+    Triton path applies; every layer it builds still reads the fp8 dtype.
+
+    The check is inline in vLLM's ``__init__``, so only a call made directly
+    from that function's frame is answered differently, and only while it
+    runs."""
+
+    def __init__(self: Any, *, vllm_config: Any, prefix: str = "") -> None:
+        attention_config = vllm_config.attention_config
+        requested = attention_config.resolve_indexer_kv_dtype("bf16")
+        if not rocm_fp8_triton_indexer_applies(requested):
+            original(self, vllm_config=vllm_config, prefix=prefix)
+            return
+        config_cls = type(attention_config)
+        resolve = config_cls.resolve_indexer_kv_dtype
+        init_code = original.__code__
+
+        def resolve_indexer_kv_dtype(config: Any, default: str) -> str:
+            resolved = resolve(config, default)
+            if sys._getframe(1).f_code is init_code:
+                return "bf16"  # the drafter's guard; its layers ask elsewhere
+            return resolved
+
+        config_cls.resolve_indexer_kv_dtype = resolve_indexer_kv_dtype
+        try:
+            original(self, vllm_config=vllm_config, prefix=prefix)
+        finally:
+            config_cls.resolve_indexer_kv_dtype = resolve
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
