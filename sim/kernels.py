@@ -35,12 +35,18 @@ def kernel_env() -> dict[str, str]:
         return {}
     # vLLM's triton_utils keeps Triton only where a GPU driver is active, or
     # where CUDA_VISIBLE_DEVICES is set (a distributed setup); empty is enough.
-    return {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    # HIP_VISIBLE_DEVICES does the same under a simulated ROCm platform.
+    return {
+        "TRITON_INTERPRET": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HIP_VISIBLE_DEVICES": "",
+    }
 
 
-def prepare_triton() -> str:
+def prepare_triton(hardware: str = HARDWARE) -> str:
     """Set up this process to run Triton kernels; returns the device. Call
-    before importing vLLM, in a process started with :func:`kernel_env`."""
+    before importing vLLM, in a process started with :func:`kernel_env`.
+    Without a GPU, vLLM sees ``hardware`` (a ``sim.hardware`` platform)."""
     if has_cuda_gpu():
         return "cuda"
     for name, value in kernel_env().items():
@@ -59,7 +65,7 @@ def prepare_triton() -> str:
     _make_interpreter_dot_read_bf16()
     from sim.hardware import simulate
 
-    simulate(HARDWARE)
+    simulate(hardware)
     return "cpu"
 
 

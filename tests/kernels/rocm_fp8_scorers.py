@@ -1,0 +1,176 @@
+"""Child for ``test_rocm_fp8_triton_indexer.py``: vLLM's ROCm indexer scorers
+on an fp8 index cache, under a simulated MI355X.
+
+``python -m tests.kernels.rocm_fp8_scorers --out F [--mutant NAME]
+[--record R | --replay R]``
+
+Without a GPU, vLLM sees ROCm gfx950 with AITER off, so its indexer module
+imports ``models/minimax_m3/amd/ops/index_topk.py`` and the kernels run under
+Triton's interpreter. Writes, as JSON:
+
+* ``gate``: what the plugin's (or, with ``--mutant gate_closed``, stock
+  vLLM's) ``select_indexer_impl_cls`` gives an fp8 index cache;
+* ``bitwise``: per output, whether the scorers give the same result on e4m3
+  bytes as on the same values in bf16 (both launch policies: gfx950's and
+  the other one);
+* ``selftest``: the node self-test's verdict, with its failures;
+* ``cuda_acceptance``: vLLM's own acceptance for CUDA's fp8 Triton indexer
+  (``tests/kernels/attention/test_minimax_m3_fp8_triton_indexer.py``:
+  planted blocks never lost, at least 14 of 16 blocks shared with bf16),
+  on the ROCm scorers and this run's fp8-vs-bf16 top-k.
+
+Mutants (each must make the test fail): ``gate_closed`` (the plugin's gate
+entry off), ``bf16_query`` (the index query left bf16 beside the fp8 cache),
+``corrupt_reference`` (the self-test's fp64 reference computed on bytes one
+step off, the kernels under test left alone: the gate must refuse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sim.kernels import prepare_triton
+
+HARDWARE = "mi355x"
+
+
+def _gate(mutant: str | None) -> str:
+    """The class vLLM's indexer gets for an fp8 index cache, or its refusal.
+    The node self-test runs first (under the interpreter here), except where
+    the run checks the gate alone (``VLLM_MINIMAX_M3_KV_SKIP_SELFTEST=1``)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.models.minimax_m3.common import indexer
+
+    from vllm_minimax_m3_kv.selftest import SelftestFailed
+
+    select = indexer.select_indexer_impl_cls
+    if mutant == "gate_closed":
+        select = getattr(select, "__wrapped__", select)
+    if mutant == "corrupt_reference":
+        _corrupt_reference()
+    with set_current_vllm_config(VllmConfig()):
+        try:
+            return select(topk_blocks=16, indexer_kv_dtype="fp8").__name__
+        except (NotImplementedError, SelftestFailed) as error:
+            return f"refused: {type(error).__name__}: {error}"
+
+
+def _corrupt_reference() -> None:
+    """The self-test's fp64 reference computed on key bytes one step off;
+    the kernels under test are left alone."""
+    import torch
+
+    from vllm_minimax_m3_kv import selftest
+
+    reference = selftest.reference_scores
+
+    def one_step_off(case: Any, keys: Any, prefill_q: Any) -> Any:
+        nudged = (keys.to(torch.float8_e4m3fn).view(torch.uint8) ^ 1).view(
+            torch.float8_e4m3fn
+        )
+        return reference(case, nudged.float(), prefill_q)
+
+    selftest.reference_scores = one_step_off
+
+
+def _bitwise(mutant: str | None) -> dict[str, bool]:
+    """fp8 bytes vs the same values in bf16, for every output, under gfx950's
+    launch policy and the other one."""
+    import torch
+    import vllm.platforms.rocm as rocm
+
+    from vllm_minimax_m3_kv import selftest
+
+    case = selftest.Case()
+    inputs = selftest.make_inputs(case)
+    stored = {name: selftest.e4m3(value) for name, value in inputs.items()}
+    if mutant == "bf16_query":
+        for name in ("prefill_q", "decode_q"):
+            stored[name] = stored[name].to(torch.bfloat16)
+    as_bf16 = [value.to(torch.bfloat16) for value in stored.values()]
+    results: dict[str, bool] = {}
+    on_gfx950 = rocm.on_gfx950
+    for policy, gfx950 in (("gfx950", True), ("other", False)):
+        rocm.on_gfx950 = lambda gfx950=gfx950: gfx950
+        try:
+            fp8 = selftest.run_scorers(case, *stored.values(), device="cpu")
+            bf16 = selftest.run_scorers(case, *as_bf16, device="cpu")
+        except Exception as error:  # Triton refuses bf16 x fp8 dots
+            results[f"{policy}:error"] = False
+            results["error"] = f"{type(error).__name__}: {error}"[:300]  # type: ignore[assignment]
+            continue
+        finally:
+            rocm.on_gfx950 = on_gfx950
+        for name in fp8:
+            results[f"{policy}:{name}"] = torch.equal(fp8[name], bf16[name])
+        results["_acceptance"] = _cuda_acceptance(case, fp8, bf16)  # type: ignore[assignment]
+    return results
+
+
+def _cuda_acceptance(case: Any, fp8: dict, bf16: dict) -> dict[str, bool]:
+    from vllm_minimax_m3_kv.selftest import _selected
+
+    planted_kept, overlap_ok = True, True
+    for name in ("prefill_topk", "decode_topk_q1", "decode_topk_q2"):
+        rows_fp8 = fp8[name].reshape(-1, case.topk)
+        rows_bf16 = bf16[name].reshape(-1, case.topk)
+        for a, b in zip(rows_fp8, rows_bf16, strict=True):
+            planted_kept &= set(case.planted) <= _selected(a)
+            overlap_ok &= len(_selected(a) & _selected(b)) >= 14
+    return {"planted_kept": planted_kept, "overlap_at_least_14": overlap_ok}
+
+
+def _selftest(record: Path | None) -> dict[str, Any]:
+    from vllm_minimax_m3_kv import selftest
+
+    result = selftest.run_selftest(device="cpu")
+    if record is not None:
+        selftest.save_record(result.record, record)
+    return {
+        "passed": result.passed,
+        "checked": result.checked,
+        "failures": result.failures[:5],
+        "line": selftest.verdict_line(result),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--mutant", default=None)
+    parser.add_argument("--record", type=Path, default=None)
+    parser.add_argument("--replay", type=Path, default=None)
+    parser.add_argument("--only", default="gate,bitwise,selftest")
+    args = parser.parse_args()
+    prepare_triton(HARDWARE)
+    os.environ.setdefault("VLLM_PLUGINS", "minimax_m3_kv")
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    out: dict[str, Any] = {}
+    if args.replay is not None:
+        from vllm_minimax_m3_kv import selftest
+
+        out["replay_differs"] = selftest.replay(
+            selftest.load_record(args.replay), device="cpu"
+        )
+    else:
+        parts = args.only.split(",")
+        if "gate" in parts:
+            out["gate"] = _gate(args.mutant)
+        if "bitwise" in parts:
+            bitwise = _bitwise(args.mutant)
+            out["cuda_acceptance"] = bitwise.pop("_acceptance", None)
+            out["error"] = bitwise.pop("error", None)
+            out["bitwise"] = bitwise
+        if "selftest" in parts:
+            out["selftest"] = _selftest(args.record)
+    args.out.write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

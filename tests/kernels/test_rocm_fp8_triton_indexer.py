@@ -1,0 +1,99 @@
+"""vLLM's ROCm Triton indexer on an fp8 index cache (MI355X, AITER off).
+
+Each child (``tests/kernels/rocm_fp8_scorers.py``) is one process under a
+simulated MI355X, the kernels run under Triton's interpreter on CPU: the
+scorers vLLM's indexer module imports on ROCm (``amd/ops/index_topk.py``),
+never a re-implementation. The only thing changed under them is the
+interpreter's bf16 ``tl.dot`` (``sim/kernels.py``, triton#11584), which the
+bf16 side of each comparison needs; the fp8 side never takes it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.kernels import kernel_env
+from sim.process import json_from_out_file
+
+CHILD = ["-m", "tests.kernels.rocm_fp8_scorers"]
+SKIP = {"VLLM_MINIMAX_M3_KV_SKIP_SELFTEST": "1"}
+
+
+def _child(*args: str, env: dict[str, str] | None = None) -> dict:
+    return json_from_out_file(
+        [*CHILD, *args], {**kernel_env(), **(env or {})}, timeout=1800
+    )
+
+
+@pytest.fixture(scope="module")
+def scorers(tmp_path_factory) -> dict:
+    record = tmp_path_factory.mktemp("selftest") / "record.pt"
+    out = _child("--record", str(record), env=SKIP)
+    out["record_path"] = str(record)
+    return out
+
+
+def test_the_plugin_selects_vllms_triton_indexer_for_fp8_on_gfx950(scorers):
+    assert scorers["gate"] == "MiniMaxM3IndexerTritonImpl"
+
+
+def test_stock_vllm_refuses_the_same_request():
+    out = _child("--mutant", "gate_closed", "--only", "gate", env=SKIP)
+    assert out["gate"].startswith("refused: NotImplementedError"), out
+    assert "requires CUDA fp8 support" in out["gate"]
+
+
+def test_fp8_bytes_score_bit_for_bit_as_the_same_values_in_bf16(scorers):
+    assert scorers["error"] is None, scorers["error"]
+    bitwise = scorers["bitwise"]
+    # Prefill score and top-k, decode at query length 1 (GEMV) and 2 (the
+    # spec-decode dot), under gfx950's launch policy and the other one.
+    assert len(bitwise) == 8 and all(bitwise.values()), bitwise
+
+
+def test_vllms_cuda_acceptance_for_fp8_triton_holds_on_the_rocm_scorers(scorers):
+    assert scorers["cuda_acceptance"] == {
+        "planted_kept": True,
+        "overlap_at_least_14": True,
+    }
+
+
+def test_an_index_query_left_bf16_cannot_run_beside_an_fp8_cache():
+    # Why the model's index query must stay in the cache dtype (it does:
+    # amd/model.py allocates it as index_cache.dtype).
+    out = _child("--mutant", "bf16_query", "--only", "bitwise", env=SKIP)
+    assert not any(out["bitwise"].values())
+    assert "fp8e4nv" in out["error"]
+
+
+def test_the_node_selftest_passes_on_these_kernels(scorers):
+    selftest = scorers["selftest"]
+    assert selftest["passed"], selftest["failures"]
+    assert selftest["checked"] > 100
+    assert selftest["line"].startswith("selftest passed on CPU (Triton interpreter)")
+    assert "writer: not run" in selftest["line"]
+
+
+def test_a_failing_selftest_stops_the_indexer_from_being_selected():
+    out = _child("--mutant", "corrupt_reference", "--only", "gate")
+    assert out["gate"].startswith("refused: SelftestFailed"), out["gate"]
+    assert "prefill scores:" in out["gate"]
+    assert "VLLM_MINIMAX_M3_KV_SKIP_SELFTEST=1" in out["gate"]
+
+
+def test_the_selftest_record_replays_bit_for_bit(scorers, tmp_path):
+    out = _child("--replay", scorers["record_path"], env=SKIP)
+    assert out["replay_differs"] == []
+    # And a replay can fail: one recorded top-k entry changed.
+    import torch
+
+    from vllm_minimax_m3_kv.selftest import load_record, save_record
+
+    record = load_record(scorers["record_path"])
+    record["outputs"]["decode_topk_q1"][0, 0, 0] += 1
+    tampered = tmp_path / "tampered.pt"
+    save_record(record, tampered)
+    assert torch.equal(load_record(tampered)["outputs"]["decode_topk_q1"],
+                       record["outputs"]["decode_topk_q1"])  # fmt: skip
+    out = _child("--replay", str(tampered), env=SKIP)
+    assert out["replay_differs"] == ["decode_topk_q1"]
