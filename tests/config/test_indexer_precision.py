@@ -72,7 +72,17 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         (facts(kv="fp8_e4m3"), Outcome.INHERITED, "fp8"),
         (facts(indexer="fp8"), Outcome.UNIFORM, "fp8"),
         (facts(B300), Outcome.INHERITED, "fp8"),
-        (facts(MI355X_NO_AITER), Outcome.ERROR, "auto"),
+        # AITER off on gfx950: vLLM's Triton indexer runs fp8 (the plugin's
+        # minimax_m3_rocm_fp8_triton_indexer entry).
+        (facts(MI355X_NO_AITER), Outcome.INHERITED, "fp8"),
+        (facts(MI355X_NO_AITER, tensor_parallel_size=8), Outcome.INHERITED, "fp8"),
+        (facts(MI355X_NO_AITER, indexer="fp8"), Outcome.UNIFORM, "fp8"),
+        (facts(NO_AITER), Outcome.INHERITED, "fp8"),
+        (
+            facts(MI355X_NO_AITER, indexer_cp=True, tensor_parallel_size=4),
+            Outcome.ERROR,
+            "auto",
+        ),
         (facts(MI300X), Outcome.ERROR, "auto"),
         (facts(A100), Outcome.ERROR, "auto"),
         (facts(CPU), Outcome.ERROR, "auto"),
@@ -89,7 +99,7 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         (facts(kv="auto"), Outcome.UNCHANGED, "auto"),
         (facts(kv="bfloat16", indexer="bf16"), Outcome.UNCHANGED, "bf16"),
         # The explicit opt-in: mixed pools that can run start mixed...
-        (facts(MI355X_NO_AITER, **MIXED_OK), Outcome.MIXED, "auto"),
+        (facts(MI300X, **MIXED_OK), Outcome.MIXED, "auto"),
         (
             facts(indexer="bf16", tensor_parallel_size=8, **MIXED_OK),
             Outcome.MIXED,
@@ -100,7 +110,7 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         # ...where an fp8 indexer runs, auto still inherits it...
         (facts(**MIXED_OK), Outcome.INHERITED, "fp8"),
         # ...and what cannot run at all stays an error.
-        (facts(MI355X_NO_AITER, indexer="fp8", **MIXED_OK), Outcome.ERROR, "fp8"),
+        (facts(MI300X, indexer="fp8", **MIXED_OK), Outcome.ERROR, "fp8"),
         (facts(kv="fp8_e5m2", indexer="fp8", **MIXED_OK), Outcome.ERROR, "fp8"),
         (facts(indexer="mxfp4", **MIXED_OK), Outcome.ERROR, "mxfp4"),
         (facts(indexer="bf16", kv_heads_per_rank=4, **MIXED_OK), Outcome.ERROR, "bf16"),
@@ -109,12 +119,19 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         (facts(A100, kv="int8_per_token_head", **MIXED_OK), Outcome.MIXED, "auto"),
         (facts(MI300X, kv="bfloat16", indexer="bf16"), Outcome.UNCHANGED, "bf16"),
         (facts(B300, indexer_cp=True), Outcome.ERROR, "auto"),
+        # Past the MSA contract, AITER sparse PA keeps the Triton indexer at
+        # one KV head per rank, and refuses more.
         (
             facts(max_model_len=MSA_MAX_BLOCKS_PER_ROW * 128 + 1),
+            Outcome.INHERITED,
+            "fp8",
+        ),
+        (facts(shape=SparseShape(topk_blocks=32)), Outcome.INHERITED, "fp8"),
+        (
+            facts(shape=SparseShape(topk_blocks=32), kv_heads_per_rank=2),
             Outcome.ERROR,
             "auto",
         ),
-        (facts(shape=SparseShape(topk_blocks=32)), Outcome.ERROR, "auto"),
         (facts(indexer_cp=True), Outcome.ERROR, "auto"),  # CP at TP 1
         (facts(indexer_cp=True, tensor_parallel_size=4), Outcome.INHERITED, "fp8"),
     ],
@@ -128,24 +145,38 @@ def test_table(case, outcome, indexer):
         assert repr(case.indexer_kv_dtype) in verdict.message
 
 
+# Indexer CP at TP 4 keeps vLLM's Triton indexer bf16, so only the AITER MSA
+# indexer could give these pools fp8.
+CP4 = {"indexer_cp": True, "tensor_parallel_size": 4}
+
+
+def _fix_for(verdict, indexer: str):
+    return next(fix for fix in verdict.fixes if indexer in fix.summary)
+
+
 def test_missing_aiter_is_named_and_never_answered_with_a_variable_already_set():
     # VLLM_ROCM_USE_AITER=1 and the shuffled layout are set; aiter is not there.
-    absent = decide(facts(NO_AITER))
+    absent = decide(facts(NO_AITER, **CP4))
     assert absent.outcome is Outcome.ERROR
-    assert "aiter package is not installed" in absent.reason
-    keep = absent.fixes[0]
-    assert keep.requires == ("a ROCm vLLM image or build that ships aiter",)
-    assert keep.env == ()  # the variables are set already
+    assert "needs the aiter package, which is not installed" in absent.reason
+    msa = _fix_for(absent, "AITER MSA")
+    assert msa.requires == ("a ROCm vLLM image or build that ships aiter",)
+    assert msa.env == ()  # the variables are set already
     assert "VLLM_ROCM_USE_AITER=1" not in absent.message
-    # With the variables unset too, the fix needs both.
+    triton = _fix_for(absent, "Triton")
+    assert triton.flags == (("--attention-config.minimax_m3_indexer_cp", "false"),)
+    assert not triton.requires  # vLLM's Triton indexer needs no aiter
+    # With the variables unset too, the AITER fix needs both.
     unset = decide(
         facts(
             dataclasses.replace(
                 NO_AITER, aiter_enabled=False, shuffle_kv_cache_layout=False
-            )
+            ),
+            **CP4,
         )
     )
-    assert unset.fixes[0].requires and dict(unset.fixes[0].env) == {
+    unset_msa = _fix_for(unset, "AITER MSA")
+    assert unset_msa.requires and dict(unset_msa.env) == {
         "VLLM_ROCM_USE_AITER": "1",
         "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
     }
@@ -168,9 +199,9 @@ def test_drafter_kv_dtype_shares_the_pool_and_every_fix_moves_it_along():
     assert bf16_drafter.fixes[0].flags == (
         ("--speculative-config.kv_cache_dtype", "fp8"),
     )
-    # The target is refused too (AITER off): a fix that makes the target bf16
-    # also moves an fp8 drafter; one that keeps fp8 leaves it.
-    both = decide(facts(MI355X_NO_AITER, draft_kv_cache_dtype="fp8"))
+    # The target is refused too (AITER off, indexer CP): a fix that makes the
+    # target bf16 also moves an fp8 drafter; one that keeps fp8 leaves it.
+    both = decide(facts(MI355X_NO_AITER, draft_kv_cache_dtype="fp8", **CP4))
     by_summary = {fix.summary: dict(fix.flags) for fix in both.fixes}
     assert by_summary["main cache bf16"] == {
         "--kv-cache-dtype": "auto",
@@ -178,7 +209,7 @@ def test_drafter_kv_dtype_shares_the_pool_and_every_fix_moves_it_along():
     }
     assert (
         "--speculative-config.kv_cache_dtype"
-        not in by_summary["keep the fp8 KV cache, fp8 indexer"]
+        not in by_summary["keep the fp8 KV cache, fp8 indexer (vLLM's Triton indexer)"]
     )
     # A bf16 target with an fp8 drafter is not "both caches bf16".
     bf16_target = decide(facts(kv="auto", draft_kv_cache_dtype="fp8"))
@@ -186,11 +217,11 @@ def test_drafter_kv_dtype_shares_the_pool_and_every_fix_moves_it_along():
 
 
 def test_mixed_pool_errors_offer_the_opt_in_and_it_is_honoured():
-    refused = decide(facts(MI355X_NO_AITER))
+    refused = decide(facts(MI300X))
     opt_in = refused.fixes[-1]
     assert dict(opt_in.env) == {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
     assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1" in refused.message
-    mixed = decide(dataclasses.replace(facts(MI355X_NO_AITER), allow_mixed=True))
+    mixed = decide(dataclasses.replace(facts(MI300X), allow_mixed=True))
     assert mixed.outcome is Outcome.MIXED and mixed.starts and not mixed.uniform
     assert "zero" in mixed.reason
     # AITER sparse PA with 4 KV heads per rank runs only the fp8 indexer: the
@@ -218,12 +249,16 @@ def test_non_bf16_main_cache_fixes_name_bf16_when_auto_is_not():
 
 
 def test_errors_name_the_fix_for_this_hardware():
-    no_aiter = decide(facts(MI355X_NO_AITER)).message
+    no_aiter = decide(facts(MI355X_NO_AITER, **CP4)).message
     assert "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in no_aiter
+    assert "--attention-config.minimax_m3_indexer_cp false" in no_aiter
     gfx942 = decide(facts(MI300X)).message
     assert "gfx950" in gfx942 and "VLLM_ROCM_USE_AITER=1" not in gfx942
-    too_long = decide(facts(max_model_len=2_000_000)).message
+    # Past the MSA top-k with two KV heads per rank: fit the top-k, or leave
+    # AITER sparse PA for vLLM's Triton indexer.
+    too_long = decide(facts(max_model_len=2_000_000, kv_heads_per_rank=2)).message
     assert "--max-model-len 1048576" in too_long
+    assert "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0  # keep the fp8 KV cache" in too_long
 
 
 PUBLISHED = PoolLayers(num_layers=5, sparse=frozenset({3, 4}))
@@ -342,13 +377,15 @@ def test_bf16_fallbacks_carry_what_bf16_needs_on_this_machine():
 
 
 def test_every_blocker_is_reported_and_one_fix_clears_them_all():
-    # AITER off and a context past the top-k: both reasons, one combined fix.
+    # AITER off, a context past the top-k, indexer CP: every reason, and one
+    # fix per indexer that clears all of that indexer's.
     verdict = decide(
-        facts(MI355X_NO_AITER, max_model_len=MSA_MAX_BLOCKS_PER_ROW * 128 + 1)
+        facts(MI355X_NO_AITER, max_model_len=MSA_MAX_BLOCKS_PER_ROW * 128 + 1, **CP4)
     )
     assert "AITER sparse paged attention" in verdict.reason
     assert "AITER MSA top-k" in verdict.reason
-    keep = verdict.fixes[0]
+    assert "(minimax_m3_indexer_cp) only in bf16" in verdict.reason
+    keep = _fix_for(verdict, "AITER MSA")
     assert dict(keep.env) == {
         "VLLM_ROCM_USE_AITER": "1",
         "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
@@ -371,7 +408,7 @@ def test_a_pool_without_index_cache_has_no_indexer_question(platform, kv, indexe
 
 def test_the_mtp_drafter_brings_an_index_cache_to_a_dense_checkpoint():
     drafter = dataclasses.replace(NO_SPARSE, drafter_index_cache=True)
-    verdict = decide(facts(MI355X_NO_AITER, layers=drafter))
+    verdict = decide(facts(MI300X, layers=drafter))
     assert verdict.outcome is Outcome.ERROR
     assert decide(facts(layers=drafter)).outcome is Outcome.INHERITED
 
@@ -449,11 +486,11 @@ def test_unset_aiter_variables_are_said_to_be_unset():
             {"VLLM_ROCM_USE_AITER", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"}
         ),
     )
-    message = decide(facts(unset)).message
+    message = decide(facts(unset, **CP4)).message
     assert "(VLLM_ROCM_USE_AITER unset, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT unset)" in (
         message
     )
-    set_to_zero = decide(facts(MI355X_NO_AITER)).message
+    set_to_zero = decide(facts(MI355X_NO_AITER, **CP4)).message
     assert "VLLM_ROCM_USE_AITER=0, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0" in set_to_zero
 
 

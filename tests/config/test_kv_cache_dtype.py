@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from tests.config.test_indexer_precision import MI355X, MI355X_NO_AITER
+from tests.config.test_indexer_precision import CP4, MI355X, MI355X_NO_AITER
 from vllm_minimax_m3_kv.config.indexer_precision import (
     DRAFT_KV_CACHE_DTYPE_FLAG,
     KV_CACHE_DTYPE_FLAG,
@@ -102,7 +102,8 @@ def test_an_explicit_fp8_indexer_beside_a_declared_fp8_cache_is_uniform():
 
 
 def test_refusal_fixes_turn_a_declared_cache_off_with_bfloat16():
-    facts = checkpoint_facts(platform=MI355X_NO_AITER)
+    # AITER off with indexer CP at TP 4: vLLM's Triton indexer stays bf16.
+    facts = dataclasses.replace(checkpoint_facts(platform=MI355X_NO_AITER), **CP4)
     verdict = decide(facts)
     assert verdict.outcome is Outcome.ERROR
     assert "declares an fp8 KV cache (compressed-tensors kv_cache_scheme)" in (

@@ -2,8 +2,9 @@
 
 vLLM's gates read the live platform, so the offline ``check`` cannot call them
 for another machine; the policy restates them. This pins the restatement to
-``msa_indexer_unsupported_reason`` (ROCm) and ``select_indexer_impl_cls`` (CUDA)
-over AITER flags, checkpoint shapes and context lengths, per simulated GPU.
+``msa_indexer_unsupported_reason`` and ``select_indexer_impl_cls`` (with the
+plugin's gate entry loaded) over AITER flags, checkpoint shapes and context
+lengths, per simulated GPU.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from sim.process import json_from_stdout
 def test_policy_matches_vllm_gates(platform):
     rows = json_from_stdout(["-m", "sim.gate_contract", platform])
     assert len(rows) == 60
-    disagreements = [case for case, vllm, policy in rows if vllm != policy]
+    disagreements = [case for case, vllm, policy, _ in rows if vllm != policy]
     assert disagreements == []
     if platform == "mi355x":
-        # Both answers occur, so agreement is not agreement on a constant.
-        assert {vllm for _, vllm, _ in rows} == {True, False}
+        # With the plugin an fp8 indexer runs in every case (the Triton one
+        # where the AITER MSA one does not); stock vLLM only with AITER's.
+        assert all(vllm for _, vllm, _, _ in rows)
+        assert {stock for *_, stock in rows} == {True, False}
+    if platform == "mi300x":
+        assert not any(vllm or stock for _, vllm, _, stock in rows)

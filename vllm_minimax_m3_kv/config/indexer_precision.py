@@ -691,9 +691,11 @@ def _fp8_fixes(
         if keeps_main
         else "fp8 KV cache and fp8 indexer"
     )
+    # Where an indexer already runs, the flags alone are the fix.
+    candidates = indexers.candidates or ((indexers.runs or ANY_INDEXER, ()),)
     fixable = [
         (name, indexers.common + blockers)
-        for name, blockers in indexers.candidates
+        for name, blockers in candidates
         if all(blocker.fixes for blocker in indexers.common + blockers)
     ]
     fixes = []
