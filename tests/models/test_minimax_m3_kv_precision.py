@@ -24,6 +24,14 @@ MI355X = [
     },
     {"id": "public_mi355x_recipe", "env": {}, "engine": FP8},
     {
+        "id": "public_mi355x_recipe_mtp",
+        "env": {},
+        "engine": {
+            **FP8,
+            "speculative_config": {"method": "mtp", "num_speculative_tokens": 1},
+        },
+    },
+    {
         "id": "explicit_bf16_indexer",
         "env": AITER_ON,
         "engine": {**FP8, "attention_config": {"indexer_kv_dtype": "bf16"}},
@@ -109,11 +117,23 @@ def test_plugin_excluded_by_vllm_plugins_changes_nothing(mi355x_stock):
     assert ("torch.float8_e4m3fn", "NONE") in {tuple(s[:2]) for s in specs.values()}
 
 
-def test_public_mi355x_recipe_fails_at_config_time_naming_aiter(mi355x):
-    message = plugin_error(mi355x["public_mi355x_recipe"])
-    assert "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in message
-    assert "--kv-cache-dtype fp8" in message
-    assert "--kv-cache-dtype auto" in message
+def test_public_mi355x_recipe_runs_fp8_on_vllms_triton_indexer(mi355x):
+    # AITER unset: the plugin's gate entry selects vLLM's Triton indexer for
+    # the inherited fp8 index cache (no GPU here: its self-test says "not run").
+    result = mi355x["public_mi355x_recipe"]
+    assert result["indexer_kv_dtype"] == "fp8"
+    assert result["indexer_impls"] == ["MiniMaxM3IndexerTritonImpl"]
+    assert result["aiter_sparse_pa"] is False
+    assert_uniform(result)
+
+
+def test_public_mi355x_recipe_with_mtp_builds_the_drafter_on_the_same_indexer(
+    mi355x,
+):
+    result = mi355x["public_mi355x_recipe_mtp"]
+    assert result["indexer_kv_dtype"] == "fp8"
+    assert result["draft_indexer_impls"] == ["MiniMaxM3IndexerTritonImpl"]
+    assert_uniform(result)
 
 
 def test_explicit_bf16_indexer_with_fp8_kv_is_an_error(mi355x):
