@@ -56,7 +56,7 @@ def basic():
             {"argv": ["--target", "mi300x", "--dtype", "bfloat16"]},
             {"argv": ["--target", "mi355x", "--kv-cache-dtype", "int8_per_token_head"]},
             {
-                "argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"],
+                "argv": ["--target", "mi300x", "--kv-cache-dtype", "fp8", "-tp", "8"],
                 "env": {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
             },
             {"argv": ["--target", "mi355x", "-tp", "0"]},
@@ -85,6 +85,19 @@ def basic():
                 ],
                 "env": AITER_ON,
             },
+            # AITER unset, indexer CP on: the Triton indexer stays bf16.
+            {
+                "argv": [
+                    "--target",
+                    "mi355x",
+                    "--kv-cache-dtype",
+                    "fp8",
+                    "-tp",
+                    "8",
+                    "--attention-config.minimax_m3_indexer_cp",
+                    "true",
+                ]
+            },
         ]
     )
 
@@ -104,13 +117,26 @@ def test_mi355x_recipe_passes_with_bundled_config(basic):
     assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
 
 
-def test_public_mi355x_recipe_fails_with_the_fix(basic):
+def test_public_mi355x_recipe_passes_on_vllms_triton_indexer(basic):
+    # AITER unset, as the public MI355X recipe runs: fp8 on vLLM's Triton
+    # indexer, with the same capacity as the AITER recipe.
     result = basic[1]
-    assert result["exit"] == 2
-    assert (
-        "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1"
-        in result["plan"]["message"]
-    )
+    assert result["exit"] == 0, result
+    plan = result["plan"]
+    assert plan["indexer_kv_dtype"] == "fp8" and plan["indexer_inherited"]
+    assert plan["fp8_indexer"] == "vLLM's Triton indexer"
+    assert plan["uniform_precision"] and plan["kv_block_zeroer"] == "not built"
+    assert plan["bytes_per_token_total"] == 22656
+    assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
+    assert basic[0]["plan"]["fp8_indexer"] == "the AITER MSA indexer"
+
+
+def test_a_refusal_names_each_indexers_fix(basic):
+    result = basic[13]
+    assert result["exit"] == 2, result
+    message = result["plan"]["message"]
+    assert "--attention-config.minimax_m3_indexer_cp false" in message
+    assert "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in message
     # Nothing will start, so nothing is "built".
     assert result["plan"]["kv_block_zeroer"].startswith("none: ")
     assert "refused at startup" in result["plan"]["kv_block_zeroer"]
@@ -169,12 +195,12 @@ def test_the_hub_id_not_in_the_cache_judges_its_bundled_config(basic):
 
 
 def test_json_carries_the_fixes_and_the_versions(basic):
-    plan = basic[1]["plan"]  # the public MI355X recipe, refused
+    plan = basic[13]["plan"]  # indexer CP with AITER unset, refused
     assert plan["versions"].startswith("vllm-minimax-m3-kv ")
     assert "; vLLM 0.33" in plan["versions"]
     lines = [fix["line"] for fix in plan["fixes"]]
     assert lines and all(line in plan["message"] for line in lines)
-    assert plan["fixes"][0]["env"] == {
+    assert plan["fixes"][1]["env"] == {
         "VLLM_ROCM_USE_AITER": "1",
         "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
     }
@@ -418,7 +444,9 @@ def test_check_agrees_with_live_plugin_on_the_pool_vllm_builds(agreement):
     assert live[("mi355x", "minimax_m3_tiny_key_false//aiter")] == ("ok", "fp8")
     assert live[("mi355x", "minimax_m3_tiny_no_sparse//plain")] == ("ok", "bf16")
     assert live[("mi355x", "minimax_m3_tiny/0/aiter")] == ("error", None)
-    assert live[("mi355x", "minimax_m3_tiny/0/mixed_ok")] == ("ok", "bf16")
+    # Opted in beside a skipped dense layer, the index cache stays fp8 (vLLM's
+    # Triton indexer, AITER unset).
+    assert live[("mi355x", "minimax_m3_tiny/0/mixed_ok")] == ("ok", "fp8")
     ignored = agreement["stderr"][("mi355x", "minimax_m3_tiny/4/aiter")]
     assert "warning: MiniMax-M3 sparse attention ignores" in ignored
 
@@ -439,10 +467,10 @@ def test_check_agrees_with_live_plugin_on_checkpoint_kv_caches(target, agreement
         assert from_checkpoint == (key[1].split("/")[1] in ("unset", "auto")), key
     checkpoint = CHECKPOINT_KV_CHECKPOINTS[target][0]
     if target == "mi355x":
-        # The three: inherited with AITER, refused without, an
+        # Inherited with AITER and without (vLLM's Triton indexer), an
         # explicit fp8 indexer uniform.
         assert live[(target, f"{checkpoint}/unset/unset/aiter")] == ("ok", "fp8")
-        assert live[(target, f"{checkpoint}/unset/unset/plain")] == ("error", None)
+        assert live[(target, f"{checkpoint}/unset/unset/plain")] == ("ok", "fp8")
         assert live[(target, f"{checkpoint}/unset/fp8/aiter")] == ("ok", "fp8")
         plan = plans[(target, f"{checkpoint}/unset/unset/aiter")]
         assert plan["kv_cache_dtype_source"] == (
@@ -564,7 +592,7 @@ def test_without_vllm_help_works_and_a_verdict_names_the_rocm_safe_install():
 
 
 def test_plan_on_stdout_refusal_and_fixes_on_stderr():
-    refused, _ = run_cli("--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8")
+    refused, _ = run_cli("--target", "mi300x", "--kv-cache-dtype", "fp8", "-tp", "8")
     assert refused.returncode == 2
     assert "KV block zeroer          none:" in refused.stdout
     assert "Fix with one of:" not in refused.stdout
@@ -572,7 +600,7 @@ def test_plan_on_stdout_refusal_and_fixes_on_stderr():
     assert "Fix with one of:" in refused.stderr
     mixed, _ = run_cli(
         "--target",
-        "mi355x",
+        "mi300x",
         "--kv-cache-dtype",
         "fp8",
         env={"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},

@@ -556,6 +556,9 @@ class Plan:
     """Each fix of a refusal: ``line`` (what pastes into a shell), ``env``,
     ``flags``, ``remove`` (flags to drop), ``requires`` (software)."""
     versions: str = ""
+    fp8_indexer: str = ""
+    """Which indexer runs the fp8 index cache, where the platform has two
+    (ROCm: vLLM's Triton indexer or the AITER MSA indexer)."""
 
     def render(self) -> str:
         rows = [("plugin", self.plugin)] if self.plugin != "on" else []
@@ -570,11 +573,7 @@ class Plan:
                 if self.kv_cache_dtype_source == "--kv-cache-dtype"
                 else f"{self.kv_cache_dtype} ({self.kv_cache_dtype_source})",
             ),
-            (
-                "indexer dtype",
-                self.indexer_kv_dtype
-                + (" (inherited from the KV cache)" if self.indexer_inherited else ""),
-            ),
+            ("indexer dtype", self._indexer_row()),
             ("uniform precision", "yes" if self.uniform_precision else "no"),
             ("KV block zeroer", self.kv_block_zeroer),
             (
@@ -594,6 +593,14 @@ class Plan:
             rows.append(("not judged", self.not_judged))
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+    def _indexer_row(self) -> str:
+        said = [
+            "inherited from the KV cache" if self.indexer_inherited else "",
+            self.fp8_indexer,
+        ]
+        said = [part for part in said if part]
+        return self.indexer_kv_dtype + (f" ({'; '.join(said)})" if said else "")
 
     @property
     def exit_code(self) -> int:
@@ -688,6 +695,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
         not_judged=not_judged,
         fixes=[fix_as_json(fix) for fix in verdict.fixes],
         versions=versions_line(),
+        fp8_indexer=verdict.fp8_indexer or "",
     )
 
 
