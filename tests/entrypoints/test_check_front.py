@@ -286,10 +286,17 @@ def test_target_here_judges_this_nodes_aiter(aiter):
     if aiter == "msa":
         assert here == 0 and here_plan["indexer_kv_dtype"] == "fp8"
         assert here_plan["target"].endswith(", aiter with the MSA kernels)")
+        assert here_plan["fp8_indexer"] == "the AITER MSA indexer"
+    elif aiter == "absent":
+        # No aiter: AITER's switches are off whatever the variables say, and
+        # vLLM's Triton indexer runs the fp8 index cache.
+        assert here == 0 and here_plan["indexer_kv_dtype"] == "fp8"
+        assert here_plan["fp8_indexer"] == "vLLM's Triton indexer"
     else:
+        # aiter without the MSA kernels: vLLM still selects the MSA indexer
+        # (its gate does not look for them), which then cannot run.
         assert here == 2, here_plan
-        reason = "is not installed" if aiter == "absent" else "lacks the MSA kernels"
-        assert reason in here_plan["message"]
+        assert "lacks the MSA kernels" in here_plan["message"]
 
 
 def test_commands_judges_every_deployment_line(tmp_path):
@@ -299,8 +306,10 @@ def test_commands_judges_every_deployment_line(tmp_path):
         "vllm serve --kv-cache-dtype fp8 --block-size 128 -tp 8\n"
         "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1 vllm serve "
         "--kv-cache-dtype fp8 -tp 8\n"
-        "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 vllm serve --kv-cache-dtype fp8 -tp 8\n"
-        "\n"
+        "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 vllm serve --kv-cache-dtype fp8 -tp 8 "
+        "--attention-config.minimax_m3_indexer_cp true\n"
+        "vllm serve --kv-cache-dtype fp8 -tp 8 "
+        "--attention-config.minimax_m3_indexer_cp true\n"
         "vllm serve --kv-cache-dtpye fp8\n"
     )
     argv = ["-m", "vllm_minimax_m3_kv", "check", "--target", "mi355x"]
@@ -311,12 +320,13 @@ def test_commands_judges_every_deployment_line(tmp_path):
         if line.startswith("| ") and not line.startswith(("| line", "| ---"))
     ]
     assert [row[:3] for row in rows] == [
-        ["2", "2", "error"],
+        ["2", "0", "inherited"],
         ["3", "0", "inherited"],
         ["4", "3", "mixed"],
+        ["5", "2", "error"],
         ["6", "1", "usage error"],
     ], proc.stdout
-    assert "did you mean --kv-cache-dtype?" in rows[3][5]
+    assert "did you mean --kv-cache-dtype?" in rows[4][5]
     assert proc.returncode == 1  # the worst line's: a usage error
 
 

@@ -20,6 +20,7 @@ OPT_IN = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
 CT = {"model": sim.TINY_CT_FP8_KV, "max_model_len": 8192, "tensor_parallel_size": 4}
 CT_SPARSE_FIRST = {**CT, "model": sim.TINY_CT_FP8_KV_SPARSE_FIRST}
 FP8_INDEXER = {"attention_config": {"indexer_kv_dtype": "fp8"}}
+BF16_INDEXER = {"attention_config": {"indexer_kv_dtype": "bf16"}}
 SOURCE = (
     "the checkpoint's quantization config declares an fp8 KV cache "
     "(compressed-tensors kv_cache_scheme), which vLLM applies to "
@@ -44,8 +45,9 @@ def mi355x_scenarios(foreign: str | None = None) -> list[dict]:
         },
         {"id": "ct_fp8_indexer", "env": AITER_ON, "engine": {**CT, **FP8_INDEXER}},
         {"id": "ct_public_recipe", "env": {}, "engine": CT},
+        {"id": "ct_bf16_indexer", "env": {}, "engine": {**CT, **BF16_INDEXER}},
         {"id": "ct_bf16", "env": {}, "engine": {**CT, "kv_cache_dtype": "bfloat16"}},
-        {"id": "ct_opt_in", "env": OPT_IN, "engine": CT},
+        {"id": "ct_opt_in", "env": OPT_IN, "engine": {**CT, **BF16_INDEXER}},
     ]
     if foreign is not None:
         scenarios.append(
@@ -168,17 +170,25 @@ def test_explicit_fp8_indexer_beside_a_checkpoint_fp8_cache_is_uniform(
 
 
 @pytest.mark.slow
-def test_checkpoint_fp8_without_an_fp8_indexer_is_refused_with_working_fixes(
+def test_checkpoint_fp8_on_the_public_recipe_runs_vllms_triton_indexer(mi355x):
+    # AITER unset: the declared fp8 cache and an inherited fp8 index cache.
+    result = mi355x["ct_public_recipe"]
+    assert result["indexer_impls"] == ["MiniMaxM3IndexerTritonImpl"]
+    assert_uniform_fp8(result)
+
+
+@pytest.mark.slow
+def test_checkpoint_fp8_beside_a_bf16_indexer_is_refused_with_working_fixes(
     mi355x,
 ):
-    message = plugin_refusal(mi355x["ct_public_recipe"])
+    message = plugin_refusal(mi355x["ct_bf16_indexer"])
     assert SOURCE in message
-    assert "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in message
+    assert "--attention-config.indexer_kv_dtype fp8" in message
     # "auto" is this checkpoint's fp8: the bf16 fix must say bfloat16.
     fixes = message.split("Fix with one of:", 1)[1]
     assert "--kv-cache-dtype bfloat16" in fixes
     assert "--kv-cache-dtype auto" not in fixes
-    # The fixes, applied, start: AITER on is the "ct" scenario; bfloat16:
+    # The fixes, applied, start: an fp8 indexer is "ct_fp8_indexer"; bfloat16:
     bf16 = mi355x["ct_bf16"]
     assert precisions(bf16["specs"]) == {("torch.bfloat16", "NONE")}
     assert not any(bf16["pp1"]["workers"]) and not bf16["pp1"]["scheduler"]

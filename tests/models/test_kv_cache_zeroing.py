@@ -1,8 +1,9 @@
 """One KV zeroing decision per MiniMax-M3 engine (vLLM PR #64472's matrix).
 
 Real vLLM 0.33 config, the MiniMax-M3 model on the meta device and vLLM's KV
-planner, on simulated MI355X with AITER off (the public recipe: fp8 main cache,
-bf16 indexer). Mixed pools exist here only by the explicit opt-in, and then
+planner, on simulated MI355X with AITER off (the public recipe: fp8 main cache;
+an explicit bf16 indexer beside it is mixed). Mixed pools exist here only by
+the explicit opt-in, and then
 every worker and the scheduler must zero new blocks: with the sparse layers in
 the second PP stage (the checkpoint's layout), in the first, and at PP 1.
 Uniform pools zero nowhere. Stock vLLM (plugin excluded) shows the failure, so
@@ -20,19 +21,26 @@ AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"
 ALLOW_MIXED = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
 WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 FP8 = {"kv_cache_dtype": "fp8", "tensor_parallel_size": 8}
+BF16_INDEXER = {"attention_config": {"indexer_kv_dtype": "bf16"}}
 
 SCENARIOS = [
     {
         "id": "mixed_second_stage",
         "env": {**AITER_OFF, **ALLOW_MIXED},
-        "engine": {**FP8, "model": TINY_MODEL},
+        "engine": {**FP8, **BF16_INDEXER, "model": TINY_MODEL},
     },
     {
         "id": "mixed_first_stage",
         "env": {**AITER_OFF, **ALLOW_MIXED},
-        "engine": {**FP8, "model": TINY_MODEL_SPARSE_FIRST},
+        "engine": {**FP8, **BF16_INDEXER, "model": TINY_MODEL_SPARSE_FIRST},
     },
     {"id": "uniform", "env": AITER_ON, "engine": {**FP8, "model": TINY_MODEL}},
+    # The public recipe: vLLM's Triton indexer takes the inherited fp8.
+    {
+        "id": "uniform_aiter_off",
+        "env": AITER_OFF,
+        "engine": {**FP8, "model": TINY_MODEL},
+    },
 ]
 
 
@@ -49,7 +57,7 @@ def stock(scenario_runner):
 @pytest.mark.parametrize("layout", ["mixed_second_stage", "mixed_first_stage"])
 def test_opted_in_mixed_pool_zeroes_on_every_worker_and_the_scheduler(plugin, layout):
     result = plugin[layout]
-    assert result["indexer_kv_dtype"] == "auto"  # the request is kept
+    assert result["indexer_kv_dtype"] == "bf16"  # the request is kept
     assert result["pp1"]["worker_mixed"] == [True]
     assert (result["pp1"]["workers"], result["pp1"]["scheduler"]) == ([True], True)
     # Only one stage holds the bf16 index caches; both zero, and so does the
@@ -66,8 +74,10 @@ def test_mixed_stage_order_is_the_one_declared(plugin):
     assert plugin["mixed_first_stage"]["pp2"]["worker_mixed"] == [True, False]
 
 
-def test_uniform_pool_zeroes_nowhere(plugin):
-    for plan in (plugin["uniform"]["pp1"], plugin["uniform"]["pp2"]):
+@pytest.mark.parametrize("scenario", ["uniform", "uniform_aiter_off"])
+def test_uniform_pool_zeroes_nowhere(plugin, scenario):
+    assert plugin[scenario]["indexer_kv_dtype"] == "fp8"
+    for plan in (plugin[scenario]["pp1"], plugin[scenario]["pp2"]):
         assert not any(plan["workers"]) and not plan["scheduler"], plan
 
 

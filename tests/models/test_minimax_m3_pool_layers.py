@@ -71,12 +71,14 @@ MI355X = [
         },
     },
     {
+        # AITER off with indexer CP: vLLM's Triton indexer stays bf16.
         "id": "skip_dense_aiter_off",
         "env": AITER_OFF,
         "engine": {
             **FP8,
             "tensor_parallel_size": 8,
             "kv_cache_dtype_skip_layers": ["1"],
+            "attention_config": {"minimax_m3_indexer_cp": True},
         },
     },
 ]
