@@ -2,7 +2,7 @@
 # Shared body of the MiniMax-M3 single-node recipes. A target script sets
 # TARGET, TARGET_ENV, TARGET_FP8_ENV and TARGET_BF16_INDEXER_ENV (arrays of
 # NAME=VALUE: always, for an fp8 indexer, for a bf16 indexer), TARGET_SERVE_ARGS
-# (array), FP8_INDEXER_NEEDS_AITER_SPARSE_PA and COPY_ROCR_TO_HIP (true/false),
+# (array), AITER_SPARSE_PA_BY_WORKLOAD and COPY_ROCR_TO_HIP (true/false),
 # and for the stock pool (today's public recipe, plugin off) TARGET_STOCK_FLAGS,
 # TARGET_STOCK_UNSET (variables that recipe does not set) and
 # TARGET_STOCK_SOURCE (where it comes from), then calls minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait
@@ -12,7 +12,10 @@
 # KV_PRECISION picks the KV pool per workload:
 #   stock   today's public recipe for this GPU, verbatim, with this plugin off
 #           (the compare reference)
-#   fp8     (default) the B300 recipe: fp8 KV cache and fp8 indexer, one precision
+#   fp8     (default) the B300 recipe: fp8 KV cache and fp8 indexer, one precision;
+#           on MI355X with the public recipe's AITER setting for the workload
+#           (sparse PA only from ISL 8192 and CONC 64: the AITER MSA indexer;
+#           below, AITER unset: vLLM's Triton indexer, node self-test first)
 #   bf16    both caches bf16, one precision; on MI355X AITER sparse PA off
 #   mixed   fp8 KV cache beside a bf16 indexer (the public MI355X recipe's shape),
 #           accepted with VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1: every worker zeroes
@@ -124,6 +127,11 @@ set_on_your_behalf() {
             echo "  ${pair}  (KV_PRECISION=bf16 or mixed; replaces your value)"
     done
     echo "  VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1  (KV_PRECISION=mixed)"
+    if [[ "$AITER_SPARSE_PA_BY_WORKLOAD" == true ]]; then
+        echo "  (KV_PRECISION=fp8 sets the fp8-only variables above only from" \
+            "ISL=${AITER_SPARSE_PA_MIN_ISL} and CONC=${AITER_SPARSE_PA_MIN_CONC};" \
+            "below, it unsets them as KV_PRECISION=stock does)"
+    fi
     echo "  VLLM_PLUGINS=<every installed general plugin but ${PLUGIN_ENTRY_POINT}>  (KV_PRECISION=stock)"
     local name
     for name in "${TARGET_STOCK_UNSET[@]}"; do
@@ -179,9 +187,17 @@ precision_choice() {
     case "$KV_PRECISION" in
     fp8)
         PRECISION_FLAGS=(--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype fp8)
-        PRECISION_ENV=("${TARGET_FP8_ENV[@]}")
         PRECISION_NOTE="uniform fp8: fp8 KV cache and fp8 indexer, no zeroer"
         EXPECTED_POOL_LINE="$ONE_PRECISION_LINE"
+        if [[ "$AITER_SPARSE_PA_BY_WORKLOAD" == true ]] && ! aiter_sparse_pa_pays; then
+            # The public recipe's setting for this workload: AITER unset, so
+            # stock and fp8 differ in the KV pool alone.
+            PRECISION_UNSET=("${TARGET_STOCK_UNSET[@]}")
+            PRECISION_NOTE+="; AITER unset as the public recipe for ISL=${ISL} CONC=${CONC}: vLLM's Triton indexer"
+            RUN_SELFTEST=true
+        else
+            PRECISION_ENV=("${TARGET_FP8_ENV[@]}")
+        fi
         ;;
     bf16)
         PRECISION_FLAGS=(--kv-cache-dtype auto)
@@ -228,17 +244,11 @@ print(",".join(sorted({n for n in names if n and n != sys.argv[1]})))
 PY
 }
 
-workload_advice() {
-    # One line when the fp8 choice needs a kernel path that upstream measured
-    # slower for this workload shape.
-    if [[ "$KV_PRECISION" == fp8 && "$FP8_INDEXER_NEEDS_AITER_SPARSE_PA" == true ]] &&
-        ((ISL < AITER_SPARSE_PA_MIN_ISL || CONC < AITER_SPARSE_PA_MIN_CONC)); then
-        echo "note: KV_PRECISION=fp8 needs AITER sparse paged attention on ${TARGET}," \
-            "which upstream enables only from input length ${AITER_SPARSE_PA_MIN_ISL}" \
-            "and concurrency ${AITER_SPARSE_PA_MIN_CONC} (InferenceX PR #2187, vLLM" \
-            "recipes PR #654); for ISL=${ISL} CONC=${CONC}, KV_PRECISION=mixed or bf16" \
-            "may serve faster: KV_PRECISION=compare measures it."
-    fi
+aiter_sparse_pa_pays() {
+    # Upstream enables AITER sparse PA for MiniMax-M3 on MI355X only from
+    # this input length and concurrency (InferenceX PR #2187, vLLM recipes
+    # PR #654); below, it measured slower.
+    ((ISL >= AITER_SPARSE_PA_MIN_ISL && CONC >= AITER_SPARSE_PA_MIN_CONC))
 }
 
 parallel_args() {
@@ -311,14 +321,15 @@ build_commands() {
 export_target_env() {
     local pair name
     if [[ "$KV_PRECISION" == stock ]]; then
-        for name in "${TARGET_STOCK_UNSET[@]}"; do
-            if [[ -n "${!name+set}" ]]; then
-                echo "note: ${name}=${!name} from your environment is unset for" \
-                    "KV_PRECISION=stock (the public recipe does not set it)"
-            fi
-            unset "$name"
-        done
+        PRECISION_UNSET=("${TARGET_STOCK_UNSET[@]}")
     fi
+    for name in "${PRECISION_UNSET[@]}"; do
+        if [[ -n "${!name+set}" ]]; then
+            echo "note: ${name}=${!name} from your environment is unset for" \
+                "KV_PRECISION=${KV_PRECISION} (the public recipe does not set it)"
+        fi
+        unset "$name"
+    done
     for pair in "${TARGET_ENV[@]}" "${PRECISION_ENV[@]}"; do
         name="${pair%%=*}"
         if [[ -n "${!name:-}" && "${!name}" != "${pair#*=}" ]]; then
@@ -329,6 +340,22 @@ export_target_env() {
     done
     if [[ "$COPY_ROCR_TO_HIP" == true && -n "${ROCR_VISIBLE_DEVICES:-}" ]]; then
         export HIP_VISIBLE_DEVICES="$ROCR_VISIBLE_DEVICES"
+    fi
+}
+
+node_selftest() {
+    # vLLM's indexer scorers on an fp8 index cache, on this node's GPU, before
+    # the server starts (each worker runs it again before selecting them).
+    local dry_run="$1" code=0
+    echo "== node self-test: ${CHECK_BIN} selftest"
+    [[ "$dry_run" != true ]] || return 0
+    "$CHECK_BIN" selftest || code=$?
+    if ((code == 2)); then
+        echo "note: the node self-test did not run (no GPU in this process)"
+    elif ((code != 0)); then
+        echo "error: the node self-test failed (exit ${code}); not launching" \
+            "(docs/troubleshooting.md)" >&2
+        exit 2
     fi
 }
 
@@ -493,12 +520,12 @@ minimaxm3_main() {
         compare_pools "$@"
         return 0
     fi
+    PRECISION_ENV=() PRECISION_UNSET=() RUN_SELFTEST=false
     precision_choice
     export_target_env
     build_commands
 
     echo "== ${TARGET}: KV_PRECISION=${KV_PRECISION} (${PRECISION_NOTE})"
-    workload_advice
     echo "== ${TARGET}: environment"
     printf '  %s\n' "${TARGET_ENV[@]}" "${PRECISION_ENV[@]}"
     [[ -z "${HIP_VISIBLE_DEVICES:-}" ]] || echo "  HIP_VISIBLE_DEVICES=$HIP_VISIBLE_DEVICES"
@@ -524,6 +551,9 @@ minimaxm3_main() {
         echo "error: ${COMPARE_CHILD:+KV_PRECISION=${KV_PRECISION}: }preflight failed" \
             "for ${TARGET} (check exit ${verdict}); not launching" >&2
         exit 2
+    fi
+    if [[ "$RUN_SELFTEST" == true ]]; then
+        node_selftest "$dry_run"
     fi
     if [[ "$dry_run" == true ]]; then
         [[ -n "$COMPARE_CHILD" ]] || echo "== dry run: nothing started"

@@ -100,8 +100,15 @@ def test_dry_run_starts_with_todays_public_recipe_then_the_fp8_pool(
         )
         # The preflight ran stock vLLM's plan: the plugin off, a mixed pool.
         assert "off: VLLM_PLUGINS leaves out minimax_m3_kv" in stock
-        assert "  VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in environment["fp8"]
+        # At this workload (ISL 1024, CONC 4) the fp8 pool keeps the public
+        # recipe's AITER setting too: the KV pool is all that differs.
+        assert "VLLM_ROCM" not in environment["fp8"]
+        assert "note: VLLM_ROCM_USE_AITER=1 from your environment is unset" in (
+            runs["fp8"]
+        )
         assert "uniform precision        yes" in runs["fp8"]
+        assert "fp8 (inherited from the KV cache" not in runs["fp8"]
+        assert "indexer dtype            fp8 (vLLM's Triton indexer)" in runs["fp8"]
     # Every other flag is the same in both pools: the pool is what differs.
     common = set(serve["stock"].split()) - {"--kv-cache-dtype", "fp8"}
     assert common <= set(serve["fp8"].split())

@@ -153,7 +153,11 @@ def test_dry_run_prints_commands_and_passes_check(tmp_path, script, target, rocm
     assert "--num-prompts 40 --max-concurrency 4" in out
     assert f"--target {target}" in out
     assert "uniform precision        yes" in out
-    assert ("VLLM_ROCM_USE_AITER=1" in out) is rocm_env
+    # ISL 1024, CONC 4: on MI355X AITER stays unset, as the public recipe has
+    # it, and the fp8 index cache runs on vLLM's Triton indexer.
+    assert "VLLM_ROCM_USE_AITER=1" not in out
+    assert ("vLLM's Triton indexer" in out) is rocm_env
+    assert ("== node self-test: " in out) is rocm_env
     # Copied for ROCm only, where vLLM reads HIP_VISIBLE_DEVICES.
     assert ("HIP_VISIBLE_DEVICES=0,1" in out) is rocm_env
     assert "dry run: nothing started" in out
@@ -270,14 +274,24 @@ def test_server_that_never_gets_healthy_misses_the_deadline(tmp_path):
 
 
 def test_preflight_failure_refuses_to_launch(tmp_path):
-    # Past the AITER top-k's 8192 blocks there is no fp8 indexer on MI355X, so
-    # the recipe's explicit fp8 indexer fails the validator (vLLM's own length
-    # check is lifted so the plugin's rule is what answers).
-    env = inputs(tmp_path, MAX_MODEL_LEN="2000000", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
+    # A workload that turns AITER sparse PA on, past the AITER top-k's 8192
+    # blocks, at TP 2 (two KV heads per rank, which AITER sparse PA serves
+    # only beside the MSA indexer): no fp8 indexer, so the recipe's explicit
+    # fp8 indexer fails the validator (vLLM's own length check is lifted so
+    # the plugin's rule is what answers).
+    env = inputs(
+        tmp_path,
+        TP="2",
+        ISL="8192",
+        CONC="64",
+        MAX_MODEL_LEN="2000000",
+        VLLM_ALLOW_LONG_MAX_MODEL_LEN="1",
+    )
     proc = run_script("minimaxm3_fp8_mi355x.sh", env)
     assert proc.returncode == 2
     assert "more than the 8192 the AITER MSA top-k holds" in proc.stderr
     assert "--max-model-len 1048576" in proc.stderr
+    assert "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0" in proc.stderr
     assert "not launching" in proc.stderr
     assert not (tmp_path / "server.pid").exists()
 
@@ -318,8 +332,8 @@ def _dry_run(tmp_path, script="minimaxm3_fp8_mi355x.sh", **overrides):
         (
             "fp8",
             "--kv-cache-dtype fp8 --attention-config.indexer_kv_dtype fp8",
-            "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1",
-            "uniform precision        yes",
+            "VLLM_USE_BREAKABLE_CUDAGRAPH=0",
+            "indexer dtype            fp8 (vLLM's Triton indexer)",
         ),
         (
             "bf16",
@@ -344,18 +358,26 @@ def test_kv_precision_choices_pass_their_preflight(
     assert flags in serve
     assert f"  {env}" in proc.stdout
     assert check_says in proc.stdout
-    assert "VLLM_ROCM_USE_AITER=1" in proc.stdout  # AITER stays on
+    # bf16 and mixed keep AITER on (its sparse PA off); fp8 at this workload
+    # leaves it unset, as the public recipe does.
+    assert ("VLLM_ROCM_USE_AITER=1" in proc.stdout) is (precision != "fp8")
     assert not (tmp_path / "server.pid").exists()
 
 
-def test_fp8_on_a_short_low_concurrency_workload_gets_one_advice_line(tmp_path):
-    # The advice is the script's, before the preflight: a preflight that
-    # always passes keeps this test about the advice.
+def test_fp8_takes_the_public_recipes_aiter_setting_for_the_workload(tmp_path):
+    # Below ISL 8192 / CONC 64 upstream leaves AITER sparse PA off: so does
+    # the fp8 pool (vLLM's Triton indexer); from there, AITER's MSA indexer.
+    # A preflight that always passes keeps this test about the environment.
     quick = dict(PREFLIGHT_PASSES)
-    small, _ = _dry_run(tmp_path, ISL="1024", CONC="4", **quick)
-    assert small.stdout.count("note: KV_PRECISION=fp8 needs AITER sparse") == 1
-    assert "InferenceX PR #2187" in small.stdout
+    small, _ = _dry_run(
+        tmp_path, ISL="1024", CONC="4", VLLM_ROCM_USE_AITER="1", **quick
+    )
+    assert "AITER unset as the public recipe for ISL=1024 CONC=4" in small.stdout
+    assert "note: VLLM_ROCM_USE_AITER=1 from your environment is unset" in small.stdout
+    assert "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" not in small.stdout
     large, _ = _dry_run(tmp_path, ISL="8192", CONC="64", **quick)
+    assert "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in large.stdout
+    assert "node self-test" not in large.stdout
     mixed, _ = _dry_run(tmp_path, KV_PRECISION="mixed", ISL="1024", CONC="4", **quick)
     b300, _ = _dry_run(
         tmp_path, script="minimaxm3_fp8_b300.sh", ISL="1024", CONC="4", **quick
@@ -450,7 +472,13 @@ def test_help_says_what_the_script_sets_on_your_behalf():
 
 
 def test_a_replaced_environment_value_is_said(tmp_path):
-    env = inputs(tmp_path, VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT="0", **PREFLIGHT_PASSES)
+    env = inputs(
+        tmp_path,
+        VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT="0",
+        ISL="8192",
+        CONC="64",
+        **PREFLIGHT_PASSES,
+    )
     proc = run_script("minimaxm3_fp8_mi355x.sh", env, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert (
