@@ -191,6 +191,36 @@ def _pipeline_rank(rank: int | None, size: int):
         group.world_size, group.rank_in_group, group.ranks = saved
 
 
+def cp_indexer_selection_error(
+    vllm_config: Any, built: BuiltModel
+) -> dict[str, Any] | None:
+    """What vLLM's indexer selection says with indexer CP on, for a model
+    built with it off (the CP indexers map peer GPU memory at build).
+
+    The neutral indexer asks ``select_indexer_impl_cls`` under the engine's
+    own config: with CP on, that is where an index cache dtype other than
+    bf16 is refused. The MSA indexer handles CP itself and never asks it."""
+    if not vllm_config.attention_config.minimax_m3_indexer_cp:
+        return None
+    selected = built.selected.get("indexer_impls", [])
+    if not selected or any("MSA" in name for name in selected):
+        return None
+    from vllm.config import set_current_vllm_config
+    from vllm.models.minimax_m3.common import indexer
+
+    sparse = vllm_config.model_config.hf_text_config.sparse_attention_config
+    _init_distributed(vllm_config.parallel_config.tensor_parallel_size)
+    dtype = vllm_config.attention_config.resolve_indexer_kv_dtype("bf16")
+    with set_current_vllm_config(vllm_config):
+        try:
+            indexer.select_indexer_impl_cls(
+                topk_blocks=int(sparse["sparse_topk_blocks"]), indexer_kv_dtype=dtype
+            )
+        except (ValueError, NotImplementedError) as error:
+            return describe_error(error)
+    return None
+
+
 def build_model(
     vllm_config: Any, bind_indexer: bool = False, pp_rank: int | None = None
 ) -> BuiltModel:

@@ -205,21 +205,36 @@ counted as a simulation limit, never as a start."""
 # upstream patch's equivalence cells (tests/upstream/).
 RULE_WITNESSES: dict[str, tuple[str, ...]] = {
     "indexer_cp_needs_rocm_tp": ("sm100", "indexer_cp=True"),
-    "rocm_needs_gfx950": ("mi300x-aiter-spa", "kv_cache_dtype=fp8"),
-    "rocm_needs_aiter_installed": ("mi355x-no-aiter-env", "kv_cache_dtype=fp8"),
-    "rocm_needs_aiter_msa_kernels": ("mi355x-aiter-no-msa-env", "kv_cache_dtype=fp8"),
-    "rocm_needs_aiter_sparse_pa": ("mi355x", "kv_cache_dtype=fp8"),
+    "needs_fp8_capable_gpu": ("sm80", "kv_cache_dtype=fp8"),
+    "rocm_msa_needs_gfx950": ("mi300x-aiter-spa", "kv_cache_dtype=fp8"),
+    # Without these two, the policy would count on the MSA indexer where
+    # vLLM's Triton indexer runs: it differs where indexer CP keeps that bf16.
+    "rocm_msa_needs_aiter_installed": ("mi355x-no-aiter-env", "indexer_cp=True"),
+    "rocm_msa_needs_aiter_sparse_pa": (
+        "mi355x",
+        "kv_cache_dtype=fp8",
+        "indexer_cp=True",
+    ),
     "rocm_msa_shape_contract": ("mi355x-aiter-spa", "checkpoint=topk32"),
     "rocm_msa_topk_block_limit": ("mi355x-aiter-spa", "max_model_len=1048704"),
-    "needs_fp8_capable_gpu": ("sm80", "kv_cache_dtype=fp8"),
+    "rocm_msa_needs_aiter_msa_kernels": (
+        "mi355x-aiter-no-msa-env",
+        "kv_cache_dtype=fp8",
+    ),
+    "rocm_triton_fp8_needs_gfx950": ("mi300x", "kv_cache_dtype=fp8"),
+    "rocm_triton_fp8_needs_no_indexer_cp": ("mi355x", "indexer_cp=True"),
+    "rocm_triton_indexer_needs_one_kv_head_per_rank": (
+        "mi355x-aiter-spa",
+        "checkpoint=topk32",
+    ),
     "drafter_kv_cache_matches_target": ("sm100", "draft_kv_cache_dtype=auto"),
     "skipped_layers_keep_one_precision": ("mi355x-aiter-spa", "skip_layers=0"),
-    "pool_has_an_index_cache": ("mi355x", "checkpoint=no_sparse"),
-    "fp8_indexer_must_run_here": ("mi355x", "indexer_kv_dtype=fp8"),
+    "pool_has_an_index_cache": ("sm80", "checkpoint=no_sparse"),
+    "fp8_indexer_must_run_here": ("mi300x", "indexer_kv_dtype=fp8"),
     "fp8_indexer_needs_e4m3_main": ("sm100", "indexer_kv_dtype=fp8"),
     "indexer_stores_bf16_or_fp8": ("sm100", "indexer_kv_dtype=mxfp4"),
     "main_cache_matches_an_indexer": ("sm100", "kv_cache_dtype=int8_per_token_head"),
-    "auto_indexer_needs_an_fp8_indexer": ("mi355x", "kv_cache_dtype=fp8"),
+    "auto_indexer_needs_an_fp8_indexer": ("mi300x", "kv_cache_dtype=fp8"),
     "explicit_indexer_matches_fp8_main": ("sm100", "indexer_kv_dtype=bf16"),
 }
 
@@ -486,7 +501,7 @@ POOL_SHAPE_ROWS = pairwise_rows(POOL_SHAPE_AXES)
 skip layers, TP, PP and MTP values appears."""
 
 
-QUICK_POOL_SHAPE_PLATFORMS = ("mi355x-aiter-spa", "mi355x", "sm100")
+QUICK_POOL_SHAPE_PLATFORMS = ("mi355x-aiter-spa", "mi355x", "sm100", "sm80")
 QUICK_POOL_SHAPE_SHARE = 4
 
 
@@ -784,6 +799,10 @@ def _build_and_plan(cell: Cell, vllm_config: Any) -> dict[str, Any]:
     if "built" not in entry:
         return entry
     built = entry["built"]
+    if build_config is not vllm_config:
+        refused = sim.cp_indexer_selection_error(vllm_config, built)
+        if refused is not None:
+            return {"build_error": refused}
     stages = sim.pp_stages(build_config, built, cell.pipeline_parallel_size)
     if cell.foreign_stage is not None:
         import pickle

@@ -92,7 +92,13 @@ def test_launch_script_recipes_start_uniform(matrix):
 def test_fix_parsing_round_trips_the_policy_fixes():
     verdict = policy.decide(
         policy.PrecisionFacts(
-            platform=policy.PlatformFacts("ROCm gfx950", "rocm", rocm_gfx950=True),
+            platform=policy.PlatformFacts(
+                "ROCm gfx950",
+                "rocm",
+                rocm_gfx950=True,
+                aiter_enabled=True,
+                shuffle_kv_cache_layout=True,
+            ),
             kv_cache_dtype="fp8",
             indexer_kv_dtype="auto",
             max_model_len=8193 * 128,
@@ -109,10 +115,14 @@ def test_fix_parsing_round_trips_the_policy_fixes():
         }
         for fix in verdict.fixes
     ]
+    # One fix per indexer: vLLM's Triton indexer (AITER sparse PA off), the
+    # AITER MSA indexer (a context its top-k holds).
     cell = Cell("mi355x", "fp8", None, 1, 1, "none", False, 8193 * 128)
-    fixed = apply_fix(cell, parsed[0])
-    assert fixed.max_model_len == 8192 * 128
-    assert dict(fixed.env)["VLLM_ROCM_USE_AITER"] == "1"
+    triton = apply_fix(cell, parsed[0])
+    assert dict(triton.env)["VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT"] == "0"
+    assert triton.max_model_len == 8193 * 128
+    msa = apply_fix(cell, parsed[1])
+    assert msa.max_model_len == 8192 * 128
 
 
 def test_covering_designs_cover_every_pair():

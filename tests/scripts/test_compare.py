@@ -103,8 +103,9 @@ def test_dry_run_starts_with_todays_public_recipe_then_the_fp8_pool(
         # At this workload (ISL 1024, CONC 4) the fp8 pool keeps the public
         # recipe's AITER setting too: the KV pool is all that differs.
         assert "VLLM_ROCM" not in environment["fp8"]
-        assert "note: VLLM_ROCM_USE_AITER=1 from your environment is unset" in (
-            runs["fp8"]
+        assert (
+            "note: VLLM_ROCM_USE_AITER=1 from your environment is unset"
+            in (runs["fp8"])
         )
         assert "uniform precision        yes" in runs["fp8"]
         assert "fp8 (inherited from the KV cache" not in runs["fp8"]
