@@ -59,11 +59,14 @@ class Case:
     planted: tuple[int, ...] = (2, 9, 17)
     """Blocks holding one key aligned with every query: always selected."""
     decode_requests: int = 3
+    short_tail: int = 50
+    """Tokens the last block lacks: its slots past the sequence hold
+    whatever the cache held (stale bytes), which no score may read."""
     seed: int = 0
 
     @property
     def seq_len(self) -> int:
-        return self.blocks * SPARSE_BLOCK
+        return self.blocks * SPARSE_BLOCK - self.short_tail
 
 
 @dataclass
@@ -102,7 +105,8 @@ def make_inputs(case: Case) -> dict[str, Any]:
     import torch
 
     generator = torch.Generator().manual_seed(case.seed)
-    keys = _rms_normed(generator, case.seq_len, case.index_dim)
+    # Whole blocks: the last block's tail is generated but never stored.
+    keys = _rms_normed(generator, case.blocks * SPARSE_BLOCK, case.index_dim)
     prefill_q = _rms_normed(generator, case.prefill_queries, case.index_dim)
     decode_q = _rms_normed(generator, case.decode_requests * 2, case.index_dim)
     direction = _rms_normed(generator, 1, case.index_dim)[0]
@@ -115,28 +119,43 @@ def make_inputs(case: Case) -> dict[str, Any]:
     return {"keys": keys, "prefill_q": prefill_q, "decode_q": decode_q}
 
 
-def _paged(case: Case, keys: Any, device: str) -> tuple[Any, Any]:
-    """The keys in a paged cache (pages shuffled, one spare) and its table."""
+def _paged(
+    case: Case, keys: Any, device: str, stale: int | None = None
+) -> tuple[Any, Any]:
+    """The keys in a paged cache (pages shuffled, one spare) and its table.
+    Slots no token fills (the spare page, the last block's tail) hold zeros,
+    or the byte ``stale`` in every byte, as a reused block would."""
     import torch
 
     generator = torch.Generator().manual_seed(case.seed + 1)
     pages = torch.randperm(case.blocks + 1, generator=generator)[: case.blocks]
-    cache = torch.zeros(
-        case.blocks + 1, SPARSE_BLOCK, case.index_dim, dtype=keys.dtype, device=device
+    shape = (case.blocks + 1, SPARSE_BLOCK, case.index_dim)
+    raw = torch.full(
+        (math.prod(shape) * keys.element_size(),), stale or 0, dtype=torch.uint8
     )
-    cache[pages.to(device)] = keys.to(device).view(
-        case.blocks, SPARSE_BLOCK, case.index_dim
-    )
-    return cache, pages.to(torch.int32).view(1, -1).to(device)
+    cache = raw.view(keys.dtype).view(shape).to(device)
+    blocks = keys.to(device).view(case.blocks, SPARSE_BLOCK, case.index_dim)
+    pages = pages.to(device)
+    cache[pages[:-1]] = blocks[:-1]
+    filled = SPARSE_BLOCK - case.short_tail
+    cache[pages[-1], :filled] = blocks[-1, :filled]
+    return cache, pages.to(torch.int32).view(1, -1)
 
 
-def run_scorers(case: Case, keys: Any, prefill_q: Any, decode_q: Any, device: str):
+def run_scorers(
+    case: Case,
+    keys: Any,
+    prefill_q: Any,
+    decode_q: Any,
+    device: str,
+    stale: int | None = None,
+) -> dict[str, Any]:
     """vLLM's scorers, as its indexer module imports them on this platform,
     on keys and queries of one dtype (e4m3 or bf16). Returns their outputs."""
     import torch
     from vllm.models.minimax_m3.common import indexer as vllm_indexer
 
-    cache, table = _paged(case, keys, device)
+    cache, table = _paged(case, keys, device, stale)
     n, length = case.prefill_queries, case.seq_len
     i32 = {"dtype": torch.int32, "device": device}
     cu_seqlens = torch.tensor([0, n], **i32)
@@ -151,7 +170,7 @@ def run_scorers(case: Case, keys: Any, prefill_q: Any, decode_q: Any, device: st
     )
     outputs = {
         # Columns past the last block are the stride's padding, never written.
-        "prefill_score": score[..., : case.blocks].cpu(),
+        "prefill_score": score[..., : math.ceil(length / SPARSE_BLOCK)].cpu(),
         "prefill_topk": prefill_topk.cpu(),
     }
     requests = case.decode_requests
@@ -174,7 +193,7 @@ def reference_scores(case: Case, keys: Any, prefill_q: Any) -> Any:
     k = keys.double().view(case.blocks, SPARSE_BLOCK, case.index_dim)
     q = prefill_q.double()
     dots = torch.einsum("qd,bpd->qbp", q, k)
-    positions = torch.arange(case.seq_len).view(case.blocks, SPARSE_BLOCK)
+    positions = torch.arange(case.blocks * SPARSE_BLOCK).view(case.blocks, SPARSE_BLOCK)
     query_pos = torch.arange(case.seq_len - case.prefill_queries, case.seq_len)
     visible = positions[None] <= query_pos[:, None, None]
     dots = dots.masked_fill(~visible, -math.inf)

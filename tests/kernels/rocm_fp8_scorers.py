@@ -111,6 +111,45 @@ def _bitwise(mutant: str | None) -> dict[str, bool]:
     return results
 
 
+STALE_BYTES = (0xFF, 0x7E, 0x80, 0x7F)
+"""What reused slots may hold: e4m3fn NaN (0xFF, 0x7F), its largest value
+(0x7E, 448) and -0 (0x80), in every byte of the slots no token fills."""
+
+
+def _stale(mutant: str | None) -> dict[str, bool]:
+    """Per stale byte: every output equal to the zero-filled pool's, on e4m3
+    bytes (and, for the same kernels, on bf16 values)."""
+    import torch
+
+    from vllm_minimax_m3_kv import selftest
+
+    case = selftest.Case()
+    inputs = selftest.make_inputs(case)
+    stored = [selftest.e4m3(value) for value in inputs.values()]
+    clean = selftest.run_scorers(case, *stored, device="cpu")
+    if mutant == "stale_read":
+        # The sequence's last token left unwritten: its slot, which the
+        # scorers do read, keeps the stale byte. The comparison must see it.
+        paged = selftest._paged
+
+        def one_slot_short(case: Any, keys: Any, device: str, stale: Any = None):
+            cache, table = paged(case, keys, device, stale)
+            if stale is not None:
+                last = int(table[0, -1])
+                filled = selftest.SPARSE_BLOCK - case.short_tail
+                cache.view(torch.uint8)[last, filled - 1] = stale
+            return cache, table
+
+        selftest._paged = one_slot_short
+    same: dict[str, bool] = {}
+    for byte in STALE_BYTES if mutant != "stale_read" else (0x7E,):
+        dirty = selftest.run_scorers(case, *stored, device="cpu", stale=byte)
+        same[f"{byte:#04x}"] = all(
+            torch.equal(clean[name], dirty[name]) for name in clean
+        )
+    return same
+
+
 def _cuda_acceptance(case: Any, fp8: dict, bf16: dict) -> dict[str, bool]:
     from vllm_minimax_m3_kv.selftest import _selected
 
@@ -144,7 +183,7 @@ def main() -> None:
     parser.add_argument("--mutant", default=None)
     parser.add_argument("--record", type=Path, default=None)
     parser.add_argument("--replay", type=Path, default=None)
-    parser.add_argument("--only", default="gate,bitwise,selftest")
+    parser.add_argument("--only", default="gate,bitwise,stale,selftest")
     args = parser.parse_args()
     prepare_triton(HARDWARE)
     os.environ.setdefault("VLLM_PLUGINS", "minimax_m3_kv")
@@ -167,6 +206,8 @@ def main() -> None:
             out["cuda_acceptance"] = bitwise.pop("_acceptance", None)
             out["error"] = bitwise.pop("error", None)
             out["bitwise"] = bitwise
+        if "stale" in parts:
+            out["stale"] = _stale(args.mutant)
         if "selftest" in parts:
             out["selftest"] = _selftest(args.record)
     args.out.write_text(json.dumps(out))

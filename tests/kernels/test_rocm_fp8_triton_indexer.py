@@ -58,6 +58,17 @@ def test_vllms_cuda_acceptance_for_fp8_triton_holds_on_the_rocm_scorers(scorers)
     }
 
 
+def test_stale_bytes_in_unwritten_slots_never_reach_a_score_or_top_k(scorers):
+    # The spare page and the last block's tail hold NaN, 448 or -0 in every
+    # byte, as a reused block that nobody zeroed would.
+    assert scorers["stale"] == {"0xff": True, "0x7e": True, "0x80": True, "0x7f": True}
+
+
+def test_the_stale_byte_comparison_sees_a_slot_that_is_read():
+    out = _child("--mutant", "stale_read", "--only", "stale", env=SKIP)
+    assert out["stale"] == {"0x7e": False}
+
+
 def test_an_index_query_left_bf16_cannot_run_beside_an_fp8_cache():
     # Why the model's index query must stay in the cache dtype (it does:
     # amd/model.py allocates it as index_cache.dtype).
