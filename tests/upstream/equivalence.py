@@ -166,6 +166,19 @@ DECLARED_DIFFERENCES = (
         built=lambda precisions: set(precisions) == FP8_POOL_AS_IN_0_33,
     ),
     DeclaredDifference(
+        "rocm_triton_fp8_indexer",
+        "On gfx950 where the AITER MSA indexer is not selected (AITER sparse "
+        "PA off, a checkpoint off its shape, a context past its top-k), the "
+        "plugin opens vLLM's Triton indexer to an fp8 index cache "
+        "(minimax_m3_rocm_fp8_triton_indexer). PR 1 follows vLLM's gates, "
+        "which allow fp8 there only on CUDA: 'auto' stays bf16 (a mixed pool, "
+        "as 0.33), and an explicit fp8 indexer fails at model build, as 0.33. "
+        "The gate change awaits its own upstream PR (docs/upstream.md).",
+        lambda cell: cell.platform.startswith("mi355x"),
+        plugin=frozenset({"uniform/indexer=fp8", "uniform/indexer=fp8_e4m3"}),
+        upstream=dict.fromkeys(BOTH, AS_IN_VLLM_0_33),
+    ),
+    DeclaredDifference(
         "no_index_cache",
         "A checkpoint with no sparse layer and no MTP drafter builds no index "
         "cache. The plugin then leaves 'auto' as it is; PR 1's hook does not "
