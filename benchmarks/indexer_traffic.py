@@ -5,7 +5,11 @@ scores every cached index key of the sequence's context to choose the top-k
 blocks, so it reads the whole index cache once per sparse layer. Bytes per
 token come from the real index-cache specs of the full 60-layer model (built
 on the meta device under a simulated MI355X, TP 8): bf16 is stock vLLM's
-default, fp8 what this plugin resolves from ``--kv-cache-dtype fp8``.
+default, fp8 what this plugin resolves from ``--kv-cache-dtype fp8``, with
+AITER sparse PA (the AITER MSA indexer) and without it, as the public MI355X
+recipe runs (vLLM's Triton indexer, opened to fp8 by the plugin). The kernels
+read the same index-cache bytes either way; which one reads them faster is a
+GPU measurement this does not make.
 
 ``python -m benchmarks.indexer_traffic [--json]``
 """
@@ -23,21 +27,35 @@ from benchmarks._common import AITER_SPARSE_PA, run_child, table
 PER_TOKENS = 1024
 EXAMPLE_CONTEXT = 128 * 1024
 TENSOR_PARALLEL_SIZE = 8
-LABELS = {"bf16": "bf16 (stock default)", "fp8": "fp8 e4m3 (plugin)"}
+LABELS = {
+    "bf16": "bf16 (stock default)",
+    "fp8": "fp8 e4m3 (plugin, AITER sparse PA)",
+    "fp8_triton": "fp8 e4m3 (plugin, AITER unset)",
+}
 CASES = {
     "bf16": {"kv_cache_dtype": "auto"},
     "fp8": {"kv_cache_dtype": "fp8"},
+    "fp8_triton": {"kv_cache_dtype": "fp8"},
+}
+ENVIRONMENTS = {
+    "bf16": AITER_SPARSE_PA,
+    "fp8": AITER_SPARSE_PA,
+    "fp8_triton": {
+        "VLLM_ROCM_USE_AITER": "0",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0",
+    },
 }
 
 
-def measure() -> dict[str, Any]:
+def measure(cases: list[str]) -> dict[str, Any]:
     """In a child process: the index-cache spec per case."""
     from sim import engine as sim
     from sim.hardware import simulate
 
     simulate("mi355x")
     found = {}
-    for case, flags in CASES.items():
+    for case in cases:
+        flags = CASES[case]
         vllm_config = sim.make_engine_args(
             {
                 **flags,
@@ -54,6 +72,7 @@ def measure() -> dict[str, Any]:
         assert len(bytes_per_token) == 1, bytes_per_token
         found[case] = {
             "indexer_kv_dtype": vllm_config.attention_config.indexer_kv_dtype,
+            "indexer_impl": ", ".join(built.selected.get("indexer_impls", [])),
             "spec_dtype": str(index_specs[0].dtype),
             "sparse_layers": len(index_specs),
             "bytes_per_token_per_layer": bytes_per_token.pop(),
@@ -62,9 +81,13 @@ def measure() -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
-    found = run_child(__spec__.name, [], AITER_SPARSE_PA)
+    found: dict[str, Any] = {}
+    for env in ({**AITER_SPARSE_PA}, ENVIRONMENTS["fp8_triton"]):
+        cases = [case for case in CASES if ENVIRONMENTS[case] == env]
+        found.update(run_child(__spec__.name, ["--cases", ",".join(cases)], env))
     rows = {}
-    for case, spec in found.items():
+    for case in CASES:
+        spec = found[case]
         per_layer = spec["bytes_per_token_per_layer"] * PER_TOKENS
         rows[case] = {
             **spec,
@@ -78,13 +101,22 @@ def run() -> dict[str, Any]:
         rows["bf16"]["bytes_per_1k_context_model"]
         / rows["fp8"]["bytes_per_1k_context_model"]
     )
-    return {"per_decode_step_per_sequence": rows, "bf16_over_fp8": round(ratio, 3)}
+    triton = (
+        rows["bf16"]["bytes_per_1k_context_model"]
+        / rows["fp8_triton"]["bytes_per_1k_context_model"]
+    )
+    return {
+        "per_decode_step_per_sequence": rows,
+        "bf16_over_fp8": round(ratio, 3),
+        "bf16_over_fp8_triton": round(triton, 3),
+    }
 
 
 def render(report: dict[str, Any]) -> str:
     rows = report["per_decode_step_per_sequence"]
     headers = [
         "index cache",
+        "indexer",
         "B/token/layer",
         "per 1K context, one layer",
         f"per 1K context, model ({rows['fp8']['sparse_layers']} sparse layers)",
@@ -93,6 +125,7 @@ def render(report: dict[str, Any]) -> str:
     body = [
         [
             LABELS[case],
+            row["indexer_impl"],
             row["bytes_per_token_per_layer"],
             f"{row['bytes_per_1k_context_per_layer'] / 1024:,.0f} KiB",
             f"{row['bytes_per_1k_context_model'] / (1 << 20):,.2f} MiB",
@@ -105,7 +138,8 @@ def render(report: dict[str, Any]) -> str:
             "Indexer reads per decode step per sequence (derived from the real "
             "index-cache specs, one rank, no indexer CP)",
             table(headers, body),
-            f"bf16 / fp8: {report['bf16_over_fp8']:.2f}x",
+            f"bf16 / fp8: {report['bf16_over_fp8']:.2f}x with AITER sparse PA, "
+            f"{report['bf16_over_fp8_triton']:.2f}x with AITER unset",
         ]
     )
 
@@ -115,9 +149,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--cases", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
-        Path(options.out).write_text(json.dumps(measure()))
+        Path(options.out).write_text(json.dumps(measure(options.cases.split(","))))
         return
     report = run()
     print(json.dumps(report, indent=1) if options.json else render(report))
