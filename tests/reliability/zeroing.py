@@ -52,9 +52,13 @@ KERNELS = {
     # (indexer impl class, GPU family) -> (kernel, what ran here)
     ("MiniMaxM3IndexerTritonImpl", "mi"): (
         "vLLM's Triton indexer and sparse attention",
-        "shown stale-safe by execution: every slot of the bound pool filled with "
-        "stale bytes leaves top-k, scores and outputs bit-identical "
-        "(tests/kernels/test_stale_bytes.py, Triton's interpreter on CPU)",
+        "shown stale-safe by execution, Triton's interpreter on CPU: every slot "
+        "of the bound pool filled with stale bytes leaves top-k, scores and "
+        "outputs bit-identical (tests/kernels/test_stale_bytes.py, the common "
+        "kernels); on ROCm's own indexer scorers, stale e4m3 bytes in the slots "
+        "no token fills leave scores and top-k bit-identical "
+        "(tests/kernels/test_rocm_fp8_triton_indexer.py); ROCm's sparse "
+        "attention kernels not run",
     ),
     ("MiniMaxM3IndexerMSAImpl", "mi"): (
         "AITER MSA indexer and AITER sparse paged attention (HIP)",
