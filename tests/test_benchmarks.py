@@ -1,0 +1,16 @@
+"""The benchmarks that need a GPU say so plainly where there is none."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.process import run_python
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="a GPU is here: it would time"
+)
+def test_the_decode_scorer_benchmark_times_nothing_without_a_gpu():
+    proc = run_python(["-m", "benchmarks.decode_scorer"], {}, 120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().startswith("no GPU in this process: nothing timed")
