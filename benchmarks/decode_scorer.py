@@ -5,8 +5,9 @@ platform (on ROCm ``models/minimax_m3/amd/ops/index_topk.py``), on a bf16 and
 an fp8 e4m3 index cache holding the same values, per batch and context length.
 vLLM's ROCm launch policy gives its tuned "balanced" score kernel to bf16 only
 (``_decode_score_program_budget``) and split-K to fp8, so on ROCm bf16 is also
-timed with the balanced kernel turned off: the ratios then tell the dtype and
-the kernel choice apart. Ratios come from one run on one GPU; without a GPU it
+timed with the balanced kernel turned off, and fp8 with it offered to fp8 too:
+the ratios then tell the dtype and the kernel choice apart, and say whether
+extending vLLM's policy to fp8 would pay. Ratios come from one run on one GPU; without a GPU it
 says so and times nothing.
 
 ``python -m benchmarks.decode_scorer [--json] [--iters N]``
@@ -63,6 +64,26 @@ def _balanced_off(ops: Any) -> Iterator[None]:
         ops._decode_score_program_budget = budget
 
 
+@contextlib.contextmanager
+def _balanced_for_fp8(ops: Any) -> Iterator[None]:
+    """vLLM's ROCm policy offering the balanced kernel to an fp8 cache and
+    query too (what an fp8 extension of the policy would do)."""
+    import torch
+
+    budget = ops._decode_score_program_budget
+
+    def as_bf16(num_reqs: int, head_dim: int, query: Any, cache: Any, **kw: Any) -> Any:
+        if query == cache == torch.float8_e4m3fn:
+            query = cache = torch.bfloat16
+        return budget(num_reqs, head_dim, query, cache, **kw)
+
+    ops._decode_score_program_budget = as_bf16
+    try:
+        yield
+    finally:
+        ops._decode_score_program_budget = budget
+
+
 def _time(run: Any, iters: int) -> float:
     import torch
 
@@ -106,9 +127,14 @@ def measure(iters: int) -> dict[str, Any]:
                     decode(q, cache, block_table, lens, context, TOPK, 0, 1, 1, 1, 1)
 
                 timed[name] = _time(run, iters)
-                if name == "bf16" and hasattr(ops, "_decode_score_program_budget"):
+                if not hasattr(ops, "_decode_score_program_budget"):
+                    continue
+                if name == "bf16":
                     with _balanced_off(ops):
                         timed["bf16_split_k"] = _time(run, iters)
+                else:
+                    with _balanced_for_fp8(ops):
+                        timed["fp8_balanced"] = _time(run, iters)
             rows.append({"batch": batch, "context": context, "us": timed})
     return {"gpu": torch.cuda.get_device_name(), "iters": iters, "rows": rows}
 
@@ -117,7 +143,7 @@ def render(report: dict[str, Any]) -> str:
     split = any("bf16_split_k" in row["us"] for row in report["rows"])
     headers = ["batch", "context", "bf16 us", "fp8 us", "fp8 / bf16"]
     if split:
-        headers += ["bf16 split-K us", "fp8 / bf16 split-K"]
+        headers += ["bf16 split-K us", "fp8 / bf16 split-K", "fp8 balanced us"]
     body = []
     for row in report["rows"]:
         us = row["us"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,7 @@ def _bitwise(mutant: str | None) -> dict[str, bool]:
     launch policy and the other one."""
     import torch
     import vllm.platforms.rocm as rocm
+    from vllm.models.minimax_m3.common import indexer as vllm_indexer
 
     from vllm_minimax_m3_kv import selftest
 
@@ -108,6 +110,24 @@ def _bitwise(mutant: str | None) -> dict[str, bool]:
         for name in fp8:
             results[f"{policy}:{name}"] = torch.equal(fp8[name], bf16[name])
         results["_acceptance"] = _cuda_acceptance(case, fp8, bf16)  # type: ignore[assignment]
+        if gfx950 and mutant != "bf16_query":
+            # vLLM's tuned "balanced" decode scorer, which its policy gives to
+            # bf16 only, offered to fp8 as benchmarks/decode_scorer.py times it.
+            from benchmarks.decode_scorer import _balanced_for_fp8
+
+            ops = sys.modules[vllm_indexer.minimax_m3_index_decode.__module__]
+            rocm.on_gfx950 = lambda: True
+            try:
+                with _balanced_for_fp8(ops):
+                    balanced = selftest.run_scorers(
+                        case, *stored.values(), device="cpu"
+                    )
+            finally:
+                rocm.on_gfx950 = on_gfx950
+            for name in ("decode_topk_q1", "decode_topk_q2"):
+                results[f"balanced-fp8:{name}"] = torch.equal(
+                    balanced[name], bf16[name]
+                )
     return results
 
 
