@@ -67,17 +67,15 @@ def _balanced_off(ops: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def _balanced_for_fp8(ops: Any) -> Iterator[None]:
     """vLLM's ROCm policy offering the balanced kernel to an fp8 cache and
-    query too (what an fp8 extension of the policy would do)."""
-    import torch
+    query too: the plugin's VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE=1."""
+    from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fp8_triton_indexer import (
+        wrap_decode_score_program_budget,
+    )
 
     budget = ops._decode_score_program_budget
-
-    def as_bf16(num_reqs: int, head_dim: int, query: Any, cache: Any, **kw: Any) -> Any:
-        if query == cache == torch.float8_e4m3fn:
-            query = cache = torch.bfloat16
-        return budget(num_reqs, head_dim, query, cache, **kw)
-
-    ops._decode_score_program_budget = as_bf16
+    ops._decode_score_program_budget = wrap_decode_score_program_budget(
+        budget, enabled=True
+    )
     try:
         yield
     finally:

@@ -23,6 +23,16 @@ def skip_selftest_from_env() -> bool:
     return os.getenv(SKIP_SELFTEST_ENV, "0") not in ("", "0")
 
 
+FP8_BALANCED_DECODE_ENV = "VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE"
+"""Offers vLLM's tuned "balanced" decode index scorer to an fp8 index cache on
+ROCm (vLLM gives it to bf16 only). Off by default: unmeasured on a GPU."""
+
+
+def fp8_balanced_decode_from_env() -> bool:
+    """``VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE``: any value but empty or 0."""
+    return os.getenv(FP8_BALANCED_DECODE_ENV, "0") not in ("", "0")
+
+
 def allow_mixed_from_env() -> bool:
     """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED``, parsed as vLLM parses its own flags.
 

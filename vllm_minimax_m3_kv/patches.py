@@ -36,6 +36,7 @@ ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 ENVS_MODULE = "vllm.envs"
 AMD_MODEL_MODULE = "vllm.models.minimax_m3.amd.model"
 AMD_MTP_MODULE = "vllm.models.minimax_m3.amd.mtp"
+AMD_INDEX_TOPK_MODULE = "vllm.models.minimax_m3.amd.ops.index_topk"
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,33 @@ def _apply_rocm_fp8_triton_indexer() -> None:
     when_imported(AMD_MTP_MODULE, _patch_mtp_guard)
 
 
+def _detect_fp8_balanced_decode() -> str | None:
+    return _source_lacks(
+        AMD_INDEX_TOPK_MODULE,
+        "def _decode_score_program_budget(",
+        "and query_dtype == torch.bfloat16",
+        "score_program_budget = _decode_score_program_budget(",
+    )
+
+
+def _patch_decode_budget(module: ModuleType) -> None:
+    from vllm_minimax_m3_kv.envs import fp8_balanced_decode_from_env
+    from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fp8_triton_indexer import (
+        wrap_decode_score_program_budget,
+    )
+
+    current = module._decode_score_program_budget
+    if not hasattr(current, "__wrapped__") and fp8_balanced_decode_from_env():
+        module._decode_score_program_budget = wrap_decode_score_program_budget(
+            current, enabled=True
+        )
+
+
+def _apply_fp8_balanced_decode() -> None:
+    # Read once, in the process that imports the kernels (each worker).
+    when_imported(AMD_INDEX_TOPK_MODULE, _patch_decode_budget)
+
+
 # -- one KV zeroing decision per MiniMax-M3 engine (vLLM PR #64472) -----------
 
 
@@ -271,13 +299,17 @@ def _detect_env_table() -> str | None:
 def _register_env_variable(module: ModuleType) -> None:
     from vllm_minimax_m3_kv.envs import (
         ALLOW_MIXED_ENV,
+        FP8_BALANCED_DECODE_ENV,
         SKIP_SELFTEST_ENV,
         allow_mixed_from_env,
+        fp8_balanced_decode_from_env,
         skip_selftest_from_env,
     )
 
-    module.environment_variables.setdefault(ALLOW_MIXED_ENV, allow_mixed_from_env)
-    module.environment_variables.setdefault(SKIP_SELFTEST_ENV, skip_selftest_from_env)
+    table = module.environment_variables
+    table.setdefault(ALLOW_MIXED_ENV, allow_mixed_from_env)
+    table.setdefault(SKIP_SELFTEST_ENV, skip_selftest_from_env)
+    table.setdefault(FP8_BALANCED_DECODE_ENV, fp8_balanced_decode_from_env)
 
 
 def _apply_env_table() -> None:
@@ -386,6 +418,35 @@ PATCHES: tuple[Patch, ...] = (
         apply=_apply_rocm_fp8_triton_indexer,
     ),
     Patch(
+        name="minimax_m3_rocm_fp8_balanced_decode",
+        why=(
+            "vLLM's ROCm decode launch policy (_decode_score_program_budget in "
+            "models/minimax_m3/amd/ops/index_topk.py) gives its tuned "
+            "'balanced' score kernel to a bf16 index cache only, so an fp8 one "
+            "takes split-K. On fp8 that kernel selects exactly the blocks it "
+            "selects on the same values in bf16 (Triton's interpreter, "
+            "tests/kernels/test_rocm_fp8_triton_indexer.py); whether it is "
+            "faster is unmeasured (python -m benchmarks.decode_scorer on the "
+            "node measures it)."
+        ),
+        how=(
+            "Off unless VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE=1 when a worker "
+            "imports vLLM's ROCm index_topk module: then "
+            "_decode_score_program_budget answers an fp8 e4m3 query and cache "
+            "as it answers bf16 ones. Nothing else changes."
+        ),
+        upstream=(
+            "None yet: a policy change for vLLM once a GPU measurement shows "
+            "the balanced kernel pays on fp8."
+        ),
+        remove_when=(
+            "vLLM's launch policy covers fp8, or a GPU measurement shows "
+            "split-K is as fast for fp8 (then delete the entry and the variable)."
+        ),
+        detect=_detect_fp8_balanced_decode,
+        apply=_apply_fp8_balanced_decode,
+    ),
+    Patch(
         name="minimax_m3_kv_zeroing_decision",
         why=(
             "Defense in depth, and what makes VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 "
@@ -420,8 +481,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="minimax_m3_kv_allow_mixed_env",
         why=(
-            "VLLM_MINIMAX_M3_KV_ALLOW_MIXED and VLLM_MINIMAX_M3_KV_SKIP_SELFTEST "
-            "start with VLLM_, so vLLM's "
+            "VLLM_MINIMAX_M3_KV_ALLOW_MIXED, VLLM_MINIMAX_M3_KV_SKIP_SELFTEST "
+            "and VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE start with VLLM_, so "
+            "vLLM's "
             "Platform.validate_environ warns that it is unknown, and with "
             "--fail-on-environ-validation refuses to start."
         ),

@@ -170,6 +170,24 @@ def _stale(mutant: str | None) -> dict[str, bool]:
     return same
 
 
+def _policy() -> dict[str, Any]:
+    """vLLM's ROCm decode launch policy for 3 requests on gfx950, as the
+    plugin leaves it (or, with VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE=1 in
+    this process, as its registry entry changes it)."""
+    import torch
+    from vllm.models.minimax_m3.common import indexer as vllm_indexer
+
+    ops = sys.modules[vllm_indexer.minimax_m3_index_decode.__module__]
+    budget = ops._decode_score_program_budget
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    return {
+        "bf16": budget(3, 128, bf16, bf16, is_gfx950=True),
+        "fp8": budget(3, 128, fp8, fp8, is_gfx950=True),
+        "fp8_query_bf16_cache": budget(3, 128, fp8, bf16, is_gfx950=True),
+        "entry_applied": hasattr(budget, "__wrapped__"),
+    }
+
+
 def _cuda_acceptance(case: Any, fp8: dict, bf16: dict) -> dict[str, bool]:
     from vllm_minimax_m3_kv.selftest import _selected
 
@@ -203,7 +221,7 @@ def main() -> None:
     parser.add_argument("--mutant", default=None)
     parser.add_argument("--record", type=Path, default=None)
     parser.add_argument("--replay", type=Path, default=None)
-    parser.add_argument("--only", default="gate,bitwise,stale,selftest")
+    parser.add_argument("--only", default="gate,policy,bitwise,stale,selftest")
     args = parser.parse_args()
     prepare_triton(HARDWARE)
     os.environ.setdefault("VLLM_PLUGINS", "minimax_m3_kv")
@@ -226,6 +244,8 @@ def main() -> None:
             out["cuda_acceptance"] = bitwise.pop("_acceptance", None)
             out["error"] = bitwise.pop("error", None)
             out["bitwise"] = bitwise
+        if "policy" in parts:
+            out["policy"] = _policy()
         if "stale" in parts:
             out["stale"] = _stale(args.mutant)
         if "selftest" in parts:

@@ -59,6 +59,26 @@ def test_vllms_cuda_acceptance_for_fp8_triton_holds_on_the_rocm_scorers(scorers)
     }
 
 
+def test_vllms_decode_launch_policy_is_left_alone_by_default(scorers):
+    # The tuned "balanced" kernel for bf16, split-K (None) for fp8: vLLM's own.
+    policy = scorers["policy"]
+    assert policy["bf16"] is not None and policy["fp8"] is None, policy
+    assert not policy["entry_applied"]
+
+
+def test_the_opt_in_offers_fp8_the_balanced_decode_scorer():
+    out = _child(
+        "--only",
+        "policy",
+        env={**SKIP, "VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE": "1"},
+    )
+    policy = out["policy"]
+    assert policy["entry_applied"]
+    assert policy["fp8"] == policy["bf16"] is not None
+    # Only an fp8 query beside an fp8 cache, as the model allocates them.
+    assert policy["fp8_query_bf16_cache"] is None
+
+
 def test_stale_bytes_in_unwritten_slots_never_reach_a_score_or_top_k(scorers):
     # The spare page and the last block's tail hold NaN, 448 or -0 in every
     # byte, as a reused block that nobody zeroed would.

@@ -110,3 +110,25 @@ def wrap_mtp_init(original: Callable[..., None]) -> Callable[..., None]:
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
+
+
+def wrap_decode_score_program_budget(
+    original: Callable[..., int | None], enabled: bool
+) -> Callable[..., int | None]:
+    """vLLM's ROCm decode launch policy, which gives its tuned "balanced"
+    score kernel to a bf16 query and cache only; ``enabled``, an fp8 e4m3
+    query and cache are offered it as well (the same kernel loads K and Q in
+    their stored dtype and accumulates in fp32)."""
+    import torch
+
+    fp8 = torch.float8_e4m3fn
+
+    def _decode_score_program_budget(
+        num_reqs: int, head_dim: int, query_dtype: Any, cache_dtype: Any, **kwargs: Any
+    ) -> int | None:
+        if enabled and query_dtype == cache_dtype == fp8:
+            query_dtype = cache_dtype = torch.bfloat16
+        return original(num_reqs, head_dim, query_dtype, cache_dtype, **kwargs)
+
+    _decode_score_program_budget.__wrapped__ = original  # type: ignore[attr-defined]
+    return _decode_score_program_budget
