@@ -322,8 +322,8 @@ PATCHES: tuple[Patch, ...] = (
         why=(
             "vLLM 0.33 resolves indexer_kv_dtype='auto' to bf16 for MiniMax-M3 "
             "whatever --kv-cache-dtype says, so an fp8 KV cache gets a bf16 "
-            "indexer cache, a mixed-precision pool and a zeroer whose decision "
-            "the scheduler drops (and PP stages disagree, HTTP 500)."
+            "indexer cache: a pool vLLM itself calls mixed, whose mixed workers "
+            "build a KV block zeroer the scheduler never asks to run."
         ),
         how=(
             "When vllm.model_executor.models.config is imported, wraps its "
@@ -452,9 +452,10 @@ PATCHES: tuple[Patch, ...] = (
             "Defense in depth, and what makes VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 "
             "safe: vLLM 0.33 derives needs_kv_cache_zeroing from each config's "
             "own specs, so with a mixed-precision pool PP stages disagree "
-            "([False, True]) and the scheduler's projection says False; a "
-            "stage without a zeroer that is sent blocks to zero fails the "
-            "request (HTTP 500)."
+            "([False, True]) and the scheduler's projection says False, so no "
+            "block is ever zeroed (python -m tests.reliability.zeroing); with "
+            "#64472's original scheduler, which kept worker 0's decision, a "
+            "stage without a zeroer was sent blocks to zero (HTTP 500)."
         ),
         how=(
             "KVCacheConfig.needs_kv_cache_zeroing returns a decision stored on "

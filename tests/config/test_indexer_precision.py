@@ -534,6 +534,6 @@ def test_a_non_e4m3_main_cache_is_switched_not_kept():
     assert "fp8 KV cache and fp8 indexer" in labels
     assert not any("keep the fp8 KV cache" in label for label in labels)
     explicit = decide(facts(indexer="bf16")).reason
-    assert "an explicit bf16 indexer would sit beside the fp8 main cache; two" in (
+    assert "an explicit bf16 indexer would sit beside the fp8 main cache; a pool" in (
         explicit
     )

@@ -667,10 +667,8 @@ def _describe(facts: PrecisionFacts) -> str:
 
 
 _MIXED_POOL = (
-    "two precisions in one KV block pool make vLLM build a block zeroer that "
-    "its scheduler then drops, and under pipeline parallelism the stages "
-    "disagree about zeroing (a stage without a zeroer fails the request: "
-    "vLLM PR #64472)"
+    "a pool vLLM 0.33 calls mixed, whose zeroer its scheduler never asks to "
+    "run (docs/mixed-pools.md)"
 )
 
 

@@ -3,11 +3,12 @@
 vLLM 0.33 computes ``KVCacheConfig.needs_kv_cache_zeroing`` from the specs a
 config holds. Each PP worker's config holds only its stage's layers, and the
 scheduler's config keeps one spec per group, so a mixed-precision pool can give
-``[False, True]`` across stages and ``False`` to the scheduler: the scheduler never asks for new blocks to be
-zeroed, and a stage without a zeroer that is asked fails the request (HTTP
-500). vLLM's Triton MiniMax-M3 kernels never read an unwritten slot
-(``tests/kernels/test_stale_bytes.py``), so the harm measured is the PP
-disagreement, not stale values.
+``[False, True]`` across stages and ``False`` to the scheduler: the scheduler
+never asks for new blocks to be zeroed (``python -m tests.reliability.zeroing``).
+The HTTP 500 of #64472 (a stage without a zeroer asked to zero) needs a
+scheduler that keeps worker 0's decision, which stock 0.33 does not have.
+vLLM's Triton MiniMax-M3 kernels never read an unwritten slot
+(``tests/kernels/test_stale_bytes.py``).
 
 Here, as in #64472, the decision is computed once from every worker's full
 config after planning, OR-ed across workers, and stored on each config; the
