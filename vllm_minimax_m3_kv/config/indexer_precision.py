@@ -604,8 +604,13 @@ class Fp8Indexers:
 
     @property
     def reasons(self) -> tuple[str, ...]:
-        own = tuple(b.reason for _, blockers in self.candidates for b in blockers)
-        return tuple(dict.fromkeys(b.reason for b in self.common)) + own
+        """Why none runs: for an indexer that hardware or the checkpoint rules
+        out, only that (what a flag could change would not help it)."""
+        own = []
+        for _, blockers in self.candidates:
+            final = [b for b in blockers if not b.fixes]
+            own += [b.reason for b in final or blockers]
+        return tuple(dict.fromkeys([*(b.reason for b in self.common), *own]))
 
 
 NO_FP8_INDEXER_QUESTION = Fp8Indexers(runs=ANY_INDEXER)
