@@ -112,6 +112,9 @@ def _policy_messages() -> list[str]:
         for extra in (
             {},
             {"max_model_len": 2_000_000},
+            # Two KV heads per rank: AITER sparse PA keeps vLLM's Triton
+            # indexer out, so the MSA indexer's own limits are what refuse.
+            {"max_model_len": 2_000_000, "kv_heads_per_rank": 2},
             {"shape": policy.SparseShape(topk_blocks=32)},
             {"indexer_cp": True},
             {"model_dtype": "float16"},
