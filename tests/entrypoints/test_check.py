@@ -550,7 +550,7 @@ def _without_importing_vllm(*argv: str, python: str = sys.executable) -> dict:
     [
         (("--help",), None),
         ((), "the following argument is required: --target (one of: mi355x"),
-        (("--target", "mi35x"), "invalid choice: 'mi35x'"),
+        (("--target", "mi35x"), "unknown target 'mi35x' (did you mean mi355x?)"),
         (("--target", "mi355x", "/models/typo/MiniMax-M3"), "cannot read the model"),
         (
             ("--target", "mi355x", "--model", "nosuchorg/NoSuch"),

@@ -345,3 +345,14 @@ def test_only_target_here_keeps_vllms_own_platform(argv, here):
     from vllm_minimax_m3_kv.entrypoints.check import judges_this_machine
 
     assert judges_this_machine(argv) is here
+
+
+def test_a_mistyped_target_gets_the_nearest_name():
+    from vllm_minimax_m3_kv.entrypoints.check import _UsageError, judge_without_vllm
+
+    with pytest.raises(_UsageError, match=r"'mi35x' \(did you mean mi355x\?\); one of"):
+        judge_without_vllm(["--target", "mi35x"])
+    with pytest.raises(_UsageError) as far_off:
+        judge_without_vllm(["--target", "nosuch"])
+    assert "did you mean" not in str(far_off.value)
+    assert "mi355x, mi350x" in str(far_off.value)

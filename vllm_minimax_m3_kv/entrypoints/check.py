@@ -124,14 +124,27 @@ VERBOSE_FLAG = "--verbose"
 _CHECK_SECTION = "check options"
 
 
+def _target(value: str) -> str:
+    """A ``--target`` value, in any case; a near miss gets its nearest name."""
+    target = value.lower()
+    names = (*TARGETS, HERE)
+    if target in names:
+        return target
+    nearest = difflib.get_close_matches(target, names, n=1, cutoff=0.6)
+    hint = f" (did you mean {nearest[0]}?)" if nearest else ""
+    raise argparse.ArgumentTypeError(
+        f"unknown target {value!r}{hint}; one of: {', '.join(names)}"
+    )
+
+
 def _add_own_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """This command's own flags, for its fast parser and vLLM's alike."""
     group = parser.add_argument_group(_CHECK_SECTION)
     return [
         group.add_argument(
             "--target",
-            type=str.lower,
-            choices=(*TARGETS, HERE),
+            type=_target,
+            metavar="{" + ",".join((*TARGETS, HERE)) + "}",
             # Required, but checked by hand: argparse would print "(default:
             # None)" in vLLM's help, and this way the message names them all.
             default=argparse.SUPPRESS,
