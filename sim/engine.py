@@ -168,7 +168,27 @@ def _impl_names(model: Any) -> dict[str, Any]:
         "aiter_sparse_pa": any(
             getattr(module, "use_aiter_sparse_pa", False) for module in modules
         ),
+        # The dtype the layers allocate their index query in and index the
+        # cache as (MiniMaxM3IndexerCache.dtype).
+        "index_cache_dtypes": sorted(
+            {
+                str(module.dtype)
+                for module in modules
+                if type(module).__name__ == "MiniMaxM3IndexerCache"
+            }
+        ),
+        "index_writer": _index_writer(model),
     }
+
+
+def _index_writer(model: Any) -> str:
+    """Which fused-insert op the model's module calls: vLLM's, or vLLM's
+    wrapped by the plugin's fnuz index writer."""
+    import sys
+
+    module = sys.modules.get(type(model).__module__)
+    ops = getattr(module, "ops", None)
+    return type(ops).__name__ if ops is not None else "none"
 
 
 @contextlib.contextmanager

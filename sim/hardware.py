@@ -22,6 +22,7 @@ from typing import Any
 PLATFORMS: dict[str, tuple[str, Any]] = {
     "mi355x": ("rocm", "gfx950"),
     "mi300x": ("rocm", "gfx942"),
+    "mi250x": ("rocm", "gfx90a"),
     "b300": ("cuda", (10, 3)),
     "b200": ("cuda", (10, 0)),
     "h200": ("cuda", (9, 0)),

@@ -37,6 +37,7 @@ ENVS_MODULE = "vllm.envs"
 AMD_MODEL_MODULE = "vllm.models.minimax_m3.amd.model"
 AMD_MTP_MODULE = "vllm.models.minimax_m3.amd.mtp"
 AMD_INDEX_TOPK_MODULE = "vllm.models.minimax_m3.amd.ops.index_topk"
+CUSTOM_OPS_MODULE = "vllm._custom_ops"
 
 
 @dataclass(frozen=True)
@@ -144,11 +145,13 @@ def _patch_indexer_cache(module: ModuleType) -> None:
     from vllm_minimax_m3_kv.model_executor.models.minimax_m3_indexer_cache import (
         wrap_bind_kv_cache,
         wrap_get_kv_cache_spec,
+        wrap_init,
     )
 
     cache_cls = module.MiniMaxM3IndexerCache
     if hasattr(cache_cls.get_kv_cache_spec, "__wrapped__"):
         return
+    cache_cls.__init__ = wrap_init(cache_cls.__init__)
     cache_cls.get_kv_cache_spec = wrap_get_kv_cache_spec(cache_cls.get_kv_cache_spec)
     cache_cls.bind_kv_cache = wrap_bind_kv_cache(cache_cls.bind_kv_cache)
 
@@ -233,6 +236,46 @@ def _patch_decode_budget(module: ModuleType) -> None:
 def _apply_fp8_balanced_decode() -> None:
     # Read once, in the process that imports the kernels (each worker).
     when_imported(AMD_INDEX_TOPK_MODULE, _patch_decode_budget)
+
+
+# -- the fnuz index writer on ROCm gfx942 ---------------------------------------
+
+
+def _detect_fnuz_index_writer() -> str | None:
+    return _source_lacks(
+        AMD_MODEL_MODULE,
+        "from vllm import _custom_ops as ops",
+        "ops.fused_minimax_m3_qknorm_rope_kv_insert(",
+        # The two call shapes the writer reuses: reuse layers, AITER branch.
+        "skip_index_branch=True,",
+        "index_q_out=index_q,",
+    ) or _source_lacks(
+        CUSTOM_OPS_MODULE,
+        "def fused_minimax_m3_qknorm_rope_kv_insert(",
+        "index_slot_mapping: torch.Tensor | None = None,",
+        "index_q_out: torch.Tensor | None = None,",
+        "skip_index_branch: bool = False,",
+    )
+
+
+def _patch_fnuz_index_writer(module: ModuleType) -> None:
+    from vllm.platforms import current_platform
+
+    from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fnuz_index_writer import (
+        OpsWithFnuzIndexWriter,
+    )
+
+    if not current_platform.is_rocm() or isinstance(module.ops, OpsWithFnuzIndexWriter):
+        return
+    from vllm.platforms import rocm
+
+    if rocm.on_gfx942():
+        module.ops = OpsWithFnuzIndexWriter(module.ops)
+
+
+def _apply_fnuz_index_writer() -> None:
+    # The ROCm model imports this module at model build, in each worker.
+    when_imported(AMD_MODEL_MODULE, _patch_fnuz_index_writer)
 
 
 # -- one KV zeroing decision per MiniMax-M3 engine (vLLM PR #64472) -----------
@@ -364,10 +407,12 @@ PATCHES: tuple[Patch, ...] = (
             "compares those pairs, so the pool still counts as mixed."
         ),
         how=(
-            "When the indexer module is imported, MiniMaxM3IndexerCache."
-            "get_kv_cache_spec reports the main cache's storage dtype and quant "
-            "mode for fp8 e4m3, and bind_kv_cache views the tensor back as "
-            "float8_e4m3fn. Same bytes, same page size, same kernel input."
+            "When the indexer module is imported, an fp8 MiniMaxM3IndexerCache "
+            "takes the platform's fp8 type (current_platform.fp8_dtype(): "
+            "float8_e4m3fn, or float8_e4m3fnuz on gfx942, the main cache's "
+            "own), get_kv_cache_spec reports the main cache's storage dtype and "
+            "quant mode, and bind_kv_cache views the tensor back as that fp8 "
+            "type. Same bytes, same page size, same kernel input."
         ),
         upstream=(
             "No upstream PR: the model-side description (upstream/ PR 2) is "
@@ -389,7 +434,8 @@ PATCHES: tuple[Patch, ...] = (
         why=(
             "On ROCm vLLM 0.33 runs an fp8 index cache only on the AITER MSA "
             "indexer (AITER sparse paged attention on, gfx950), which public "
-            "MI355X recipes leave off below 8K input / concurrency 64. Off it, "
+            "MI355X recipes leave off below 8K input / concurrency 64, and on "
+            "gfx942 (MI300X) it has none. Off it, "
             "select_indexer_impl_cls refuses fp8 only because the platform is "
             "not CUDA: the ROCm Triton scorers it would pick load K and Q in "
             "their stored dtype with fp32 accumulation (bit-exact against the "
@@ -398,7 +444,8 @@ PATCHES: tuple[Patch, ...] = (
         how=(
             "When the indexer module is imported, select_indexer_impl_cls "
             "returns MiniMaxM3IndexerTritonImpl for an fp8 e4m3 index cache on "
-            "ROCm gfx950 with minimax_m3_indexer_cp off, after the node "
+            "ROCm gfx950 (e4m3fn) or gfx942 (e4m3fnuz) with "
+            "minimax_m3_indexer_cp off, after the node "
             "self-test passes once per process (vllm_minimax_m3_kv.selftest; "
             "VLLM_MINIMAX_M3_KV_SKIP_SELFTEST=1 skips it); everything else asks "
             "vLLM's own selection. The ROCm MTP drafter's bf16-only check in "
@@ -412,10 +459,44 @@ PATCHES: tuple[Patch, ...] = (
         ),
         remove_when=(
             "vLLM's select_indexer_impl_cls selects the Triton indexer for an "
-            "fp8 index cache on ROCm gfx950 (and the ROCm MTP drafter allows it)."
+            "fp8 index cache on ROCm gfx950 and gfx942 (and the ROCm MTP "
+            "drafter allows it)."
         ),
         detect=_detect_rocm_fp8_triton_indexer,
         apply=_apply_rocm_fp8_triton_indexer,
+    ),
+    Patch(
+        name="minimax_m3_rocm_fnuz_index_writer",
+        why=(
+            "On gfx942 the fp8 KV cache is float8_e4m3fnuz, so the index cache "
+            "beside it is too, and vLLM's fused insert "
+            "(fused_minimax_m3_qknorm_rope_kv_insert) must not write it: its "
+            "fp8 index store picks its type with #if defined(HIP_FP8_TYPE_OCP), "
+            "which ROCm defines (as 0) on gfx942 too, so it would store the OCP "
+            "e4m3fn encoding (or fail to build) there."
+        ),
+        how=(
+            "On gfx942 only, the ROCm MiniMax-M3 model module's ops namespace "
+            "routes a fused insert with an fnuz index cache through three "
+            "launches (two more per sparse layer): vLLM's reuse-layer call "
+            "(main norm, RoPE, K/V insert), vLLM's cache-free call (index "
+            "norm and RoPE, index query in bf16), then one plugin Triton "
+            "kernel that clamps the index key and query to vLLM's fnuz range "
+            "(+-224) and casts them, scattering the key by the index slot "
+            "mapping. Every other call, and gfx950 and CUDA, are untouched."
+        ),
+        upstream=(
+            "None yet: the fused op's ROCm fp8 type should be chosen with "
+            "__gfx942__ as vLLM's other fused kernels do (vllm-project/vllm"
+            "#13851's convention); then the fused op can write fnuz itself."
+        ),
+        remove_when=(
+            "vLLM's fused_minimax_m3_qknorm_rope_kv_insert writes "
+            "float8_e4m3fnuz on gfx942 (checked by the node self-test's "
+            "writer half against torch's clamp-and-cast)."
+        ),
+        detect=_detect_fnuz_index_writer,
+        apply=_apply_fnuz_index_writer,
     ),
     Patch(
         name="minimax_m3_rocm_fp8_balanced_decode",

@@ -4,8 +4,9 @@ Before the plugin lets vLLM's Triton indexer read an fp8 index cache on ROCm
 (``minimax_m3_rocm_fp8_triton_indexer``), each worker process runs this once:
 the scorers vLLM's indexer module imports on this platform (prefill score and
 top-k, decode at query length 1 and 2), on synthetic RMS-normed keys and
-queries with planted winners, stored as e4m3 the way the writer stores them
-(clamped to +-448, one rounding). Judged on the node's own results:
+queries with planted winners, stored in the platform's fp8 e4m3 type the way
+the writer stores them (clamped to vLLM's range, one rounding: e4m3fn +-448 on
+gfx950, e4m3fnuz +-224 on gfx942). Judged on the node's own results:
 
 * prefill scores within one fp32 ulp of an fp64 reference on the same bytes
   (fp32 sums of e4m3 products are exact for almost every row);
@@ -13,13 +14,18 @@ queries with planted winners, stored as e4m3 the way the writer stores them
   bf16 (exact: e4m3 values are bf16 values), ties at the boundary aside;
 * every planted block selected.
 
+The writer half, on gfx942: the plugin's fnuz index writer
+(``minimax_m3_rocm_fnuz_index_writer``) on this GPU, its bytes against torch's
+clamp-and-cast of the same values (outliers past the range included), padded
+slots untouched; it reports the largest magnitude it clamped. On gfx950 the
+writer is vLLM's fused op (a HIP op this test does not call): its bytes are
+taken from its source (saturating, single-rounded), and the verdict says so.
+Under Triton's interpreter (CPU) the writer half does not run: the
+interpreter's fp8 casts are not bit-exact.
+
 ``vllm-minimax-m3-kv selftest`` runs it by hand and can write a replay file
 (inputs, bytes, scores, top-k) that ``replay`` runs again, bit for bit, on
 another machine, Triton's interpreter included (``tests/kernels/``).
-
-What it does not run: the fused writer (``fused_minimax_m3_qknorm_rope_kv_insert``)
-is a HIP/CUDA op; its bytes are taken on trust from its source (a saturating,
-single-rounded e4m3 cast), and this test says so.
 """
 
 from __future__ import annotations
@@ -39,6 +45,38 @@ WRITER_NOT_RUN = (
     "writer: not run (vLLM's fused index-K insert is a GPU op; its e4m3 bytes "
     "are taken from its source: saturating, single-rounded)"
 )
+WRITER_NOT_RUN_ON_CPU = (
+    "writer: not run (Triton's interpreter casts to fp8 inexactly; the "
+    "plugin's fnuz writer is checked on a GPU)"
+)
+
+
+@dataclass(frozen=True)
+class Fp8Format:
+    """The fp8 e4m3 type the index cache is stored in, and vLLM's clamp."""
+
+    dtype: str = "float8_e4m3fn"
+    max: float = E4M3_MAX
+
+    @property
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return getattr(torch, self.dtype)
+
+
+E4M3FN = Fp8Format()
+E4M3FNUZ = Fp8Format("float8_e4m3fnuz", 224.0)
+"""vLLM clamps fnuz to 224, not torch's 240 (``get_fp8_min_max``)."""
+
+
+def platform_fp8() -> Fp8Format:
+    """The platform's fp8 format as vLLM stores the main cache (fnuz on gfx942)."""
+    from vllm.platforms import current_platform
+
+    return E4M3FNUZ if current_platform.is_fp8_fnuz() else E4M3FN
+
+
 FAILURE_FIXES = (
     f"{SKIP_SELFTEST_ENV}=1  # serve anyway (only on an image verified before)",
     "--kv-cache-dtype auto  # main cache bf16, no fp8 index cache",
@@ -76,6 +114,8 @@ class Result:
     failures: list[str] = field(default_factory=list)
     checked: int = 0
     record: dict[str, Any] = field(default_factory=dict)
+    writer: str = WRITER_NOT_RUN
+    """What the writer half found, or why it did not run."""
 
     @property
     def passed(self) -> bool:
@@ -86,11 +126,9 @@ class SelftestFailed(RuntimeError):
     """The fp8 indexer's scorers did not hold on this GPU: do not serve."""
 
 
-def e4m3(values: Any) -> Any:
+def e4m3(values: Any, fmt: Fp8Format = E4M3FN) -> Any:
     """fp32 values as the index writer stores them: clamped, one rounding."""
-    import torch
-
-    return values.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return values.float().clamp(-fmt.max, fmt.max).to(fmt.torch_dtype)
 
 
 def _rms_normed(generator: Any, rows: int, dim: int) -> Any:
@@ -260,14 +298,18 @@ def _boundary_tie(case: Case, fp8: dict[str, Any], name: str, row: int) -> bool:
     return bool((kth - next_).abs() <= _ulp(kth.view(1))[0])
 
 
-def run_selftest(case: Case | None = None, device: str | None = None) -> Result:
-    """Run the scorers on this device in e4m3 and bf16, and judge them."""
+def run_selftest(
+    case: Case | None = None, device: str | None = None, fmt: Fp8Format | None = None
+) -> Result:
+    """Run the scorers on this device in fp8 and bf16, and judge them; then
+    the writer half where it can run."""
     import torch
 
     case = case or Case()
     device = device or kernel_device()
+    fmt = fmt or platform_fp8()
     inputs = make_inputs(case)
-    stored = {name: e4m3(value) for name, value in inputs.items()}
+    stored = {name: e4m3(value, fmt) for name, value in inputs.items()}
     # Model construction sets a meta default device; these are real tensors.
     with torch.device("cpu"):
         fp8 = run_scorers(case, *stored.values(), device=device)
@@ -277,11 +319,121 @@ def run_selftest(case: Case | None = None, device: str | None = None) -> Result:
         result = judge(case, fp8, bf16, ref)
     result.record = {
         "case": case.__dict__,
+        "fp8": fmt.dtype,
         "device": _device_name(device),
         "bytes": {name: value.view(torch.uint8) for name, value in stored.items()},
         "outputs": fp8,
     }
+    result.writer = check_writer(result, device, fmt)
     return result
+
+
+WRITER_TOKENS = 256
+WRITER_OUTLIERS = (1000.0, -1000.0, 224.0, -224.0, 225.0, 239.9, -3e4)
+"""Past, at and just over vLLM's fnuz range: each must be stored as +-224."""
+
+
+def writer_inputs(fmt: Fp8Format, seed: int = 0) -> dict[str, Any]:
+    """Index keys and queries as the fused op leaves them (bf16, normed),
+    some past the fp8 range, and a slot mapping with padded (-1) slots."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    keys = _rms_normed(generator, WRITER_TOKENS, 128)
+    queries = _rms_normed(generator, WRITER_TOKENS, 256)
+    for i, value in enumerate(WRITER_OUTLIERS):
+        keys[3 * i + 1, i] = value
+        queries[5 * i + 2, 2 * i] = value
+    slots = torch.randperm(4 * SPARSE_BLOCK, generator=generator)[:WRITER_TOKENS]
+    slots[::17] = -1  # padded tokens (CUDA-graph padding): nothing stored
+    return {
+        "keys": keys.to(torch.bfloat16),
+        "queries": queries.to(torch.bfloat16),
+        "slots": slots,
+    }
+
+
+STALE_MARK = 0x80
+"""What the cache holds before the write: fnuz NaN, so a byte the writer
+should have left alone, or written, shows."""
+
+
+def run_writer(inputs: dict[str, Any], fmt: Fp8Format, device: str) -> dict[str, Any]:
+    """The plugin's fnuz writer on ``device``: the cache (4 blocks) and the
+    query buffer it fills."""
+    import torch
+
+    from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fnuz_index_writer import (
+        clamp_cast_index,
+    )
+
+    cache = torch.full(
+        (4, SPARSE_BLOCK, 128), STALE_MARK, dtype=torch.uint8, device=device
+    ).view(fmt.torch_dtype)
+    query_out = torch.empty(
+        inputs["queries"].shape, dtype=fmt.torch_dtype, device=device
+    )
+    clamp_cast_index(
+        inputs["keys"].to(device),
+        inputs["queries"].to(device),
+        cache,
+        query_out,
+        inputs["slots"].to(device),
+        fmt.max,
+    )
+    return {"cache": cache.cpu(), "queries": query_out.cpu()}
+
+
+def judge_writer(
+    inputs: dict[str, Any], written: dict[str, Any], fmt: Fp8Format
+) -> list[str]:
+    """The writer's bytes against torch's clamp-and-cast of the same values;
+    slots no token maps to left as they were."""
+    import torch
+
+    failures = []
+    slots = inputs["slots"]
+    kept = slots >= 0
+    cache = written["cache"].view(torch.uint8).view(-1, 128)
+    want_keys = e4m3(inputs["keys"], fmt).view(torch.uint8)
+    off = (cache[slots[kept]] != want_keys[kept]).sum()
+    if off:
+        failures.append(f"writer: {int(off)} index-key bytes differ from torch's cast")
+    untouched = torch.ones(cache.shape[0], dtype=torch.bool)
+    untouched[slots[kept]] = False
+    if (cache[untouched] != STALE_MARK).any():
+        failures.append("writer: bytes changed in slots no token maps to")
+    want_queries = e4m3(inputs["queries"], fmt).view(torch.uint8)
+    off = (written["queries"].view(torch.uint8) != want_queries).sum()
+    if off:
+        failures.append(
+            f"writer: {int(off)} index-query bytes differ from torch's cast"
+        )
+    return failures
+
+
+def check_writer(result: Result, device: str, fmt: Fp8Format) -> str:
+    """The writer half, where it runs; returns its verdict clause."""
+    if fmt != E4M3FNUZ:
+        return WRITER_NOT_RUN
+    if device == "cpu":
+        return WRITER_NOT_RUN_ON_CPU
+    inputs = writer_inputs(fmt)
+    failures = judge_writer(inputs, run_writer(inputs, fmt, device), fmt)
+    result.failures += failures
+    result.checked += 1
+    largest = max(
+        float(inputs[name].float().abs().max()) for name in ("keys", "queries")
+    )
+    clamped = sum(
+        int((inputs[name].float().abs() > fmt.max).sum())
+        for name in ("keys", "queries")
+    )
+    verdict = "as torch's clamp-and-cast" if not failures else "WRONG"
+    return (
+        f"writer: the plugin's fnuz index writer {verdict} ({clamped} synthetic "
+        f"outliers up to {largest:g} clamped to +-{fmt.max:g})"
+    )
 
 
 def replay(record: dict[str, Any], device: str | None = None) -> list[str]:
@@ -291,9 +443,9 @@ def replay(record: dict[str, Any], device: str | None = None) -> list[str]:
 
     case = Case(**{k: tuple(v) if isinstance(v, list) else v
                    for k, v in record["case"].items()})  # fmt: skip
+    fp8 = getattr(torch, record.get("fp8", E4M3FN.dtype))
     stored = [
-        record["bytes"][name].view(torch.float8_e4m3fn)
-        for name in ("keys", "prefill_q", "decode_q")
+        record["bytes"][name].view(fp8) for name in ("keys", "prefill_q", "decode_q")
     ]
     with torch.device("cpu"):
         outputs = run_scorers(case, *stored, device=device or kernel_device())
@@ -336,9 +488,10 @@ def _device_name(device: str) -> str:
 def verdict_line(result: Result) -> str:
     if result.passed:
         return (
-            f"selftest passed on {result.record.get('device')}: fp8 index scores "
-            f"within one ulp of fp64, top-k as bf16, planted blocks kept "
-            f"({result.checked} checks); {WRITER_NOT_RUN}"
+            f"selftest passed on {result.record.get('device')}: "
+            f"{result.record.get('fp8', 'fp8')} index scores within one ulp of "
+            f"fp64, top-k as bf16, planted blocks kept ({result.checked} checks); "
+            f"{result.writer}"
         )
     return (
         f"selftest FAILED on {result.record.get('device')}: "
@@ -378,7 +531,7 @@ def check_node_once() -> None:
         return
     raise SelftestFailed(
         f"MiniMax-M3 fp8 index cache on vLLM's Triton indexer: {verdict_line(result)}. "
-        "This GPU's scorers do not reproduce the fp8 scores; do not serve an fp8 "
+        "This GPU does not reproduce the fp8 index cache; do not serve an fp8 "
         "index cache here.\nFix with one of:\n  " + "\n  ".join(FAILURE_FIXES)
     )
 

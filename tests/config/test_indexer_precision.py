@@ -30,7 +30,11 @@ MI355X = PlatformFacts(
 MI355X_NO_AITER = dataclasses.replace(
     MI355X, aiter_enabled=False, shuffle_kv_cache_layout=False
 )
-MI300X = dataclasses.replace(MI355X, name="ROCm gfx942 (MI300X)", rocm_gfx950=False)
+MI300X = dataclasses.replace(
+    MI355X, name="ROCm gfx942 (MI300X)", rocm_gfx950=False, rocm_gfx942=True
+)
+# A ROCm GPU with neither gfx950's nor gfx942's fp8: no fp8 indexer runs there.
+MI250X = dataclasses.replace(MI300X, name="ROCm gfx90a (MI250X)", rocm_gfx942=False)
 B300 = PlatformFacts(
     "CUDA sm_103", "cuda", cuda_supports_fp8=True, cuda_sm100_family=True
 )
@@ -38,7 +42,17 @@ A100 = PlatformFacts("CUDA sm_80", "cuda")
 CPU = PlatformFacts("platform 'cpu'", "other")
 NO_AITER = dataclasses.replace(MI355X, aiter_installed=False, aiter_msa_kernels=False)
 NO_MSA = dataclasses.replace(MI355X, aiter_msa_kernels=False)
-PLATFORMS = [MI355X, MI355X_NO_AITER, MI300X, B300, A100, CPU, NO_AITER, NO_MSA]
+PLATFORMS = [
+    MI355X,
+    MI355X_NO_AITER,
+    MI300X,
+    MI250X,
+    B300,
+    A100,
+    CPU,
+    NO_AITER,
+    NO_MSA,
+]
 
 
 def _vllm_kv_cache_dtypes() -> list[str]:
@@ -83,7 +97,12 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
             Outcome.ERROR,
             "auto",
         ),
-        (facts(MI300X), Outcome.ERROR, "auto"),
+        # gfx942: the same Triton indexer on an e4m3fnuz index cache (the
+        # plugin's minimax_m3_rocm_fnuz_index_writer entry writes it).
+        (facts(MI300X), Outcome.INHERITED, "fp8"),
+        (facts(MI300X, tensor_parallel_size=8), Outcome.INHERITED, "fp8"),
+        (facts(MI300X, indexer="fp8"), Outcome.UNIFORM, "fp8"),
+        (facts(MI250X), Outcome.ERROR, "auto"),
         (facts(A100), Outcome.ERROR, "auto"),
         (facts(CPU), Outcome.ERROR, "auto"),
         (facts(indexer="bf16"), Outcome.ERROR, "bf16"),
@@ -99,7 +118,7 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         (facts(kv="auto"), Outcome.UNCHANGED, "auto"),
         (facts(kv="bfloat16", indexer="bf16"), Outcome.UNCHANGED, "bf16"),
         # The explicit opt-in: mixed pools that can run start mixed...
-        (facts(MI300X, **MIXED_OK), Outcome.MIXED, "auto"),
+        (facts(MI250X, **MIXED_OK), Outcome.MIXED, "auto"),
         (
             facts(indexer="bf16", tensor_parallel_size=8, **MIXED_OK),
             Outcome.MIXED,
@@ -110,7 +129,7 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         # ...where an fp8 indexer runs, auto still inherits it...
         (facts(**MIXED_OK), Outcome.INHERITED, "fp8"),
         # ...and what cannot run at all stays an error.
-        (facts(MI300X, indexer="fp8", **MIXED_OK), Outcome.ERROR, "fp8"),
+        (facts(MI250X, indexer="fp8", **MIXED_OK), Outcome.ERROR, "fp8"),
         (facts(kv="fp8_e5m2", indexer="fp8", **MIXED_OK), Outcome.ERROR, "fp8"),
         (facts(indexer="mxfp4", **MIXED_OK), Outcome.ERROR, "mxfp4"),
         (facts(indexer="bf16", kv_heads_per_rank=4, **MIXED_OK), Outcome.ERROR, "bf16"),
@@ -217,11 +236,11 @@ def test_drafter_kv_dtype_shares_the_pool_and_every_fix_moves_it_along():
 
 
 def test_mixed_pool_errors_offer_the_opt_in_and_it_is_honoured():
-    refused = decide(facts(MI300X))
+    refused = decide(facts(MI250X))
     opt_in = refused.fixes[-1]
     assert dict(opt_in.env) == {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
     assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1" in refused.message
-    mixed = decide(dataclasses.replace(facts(MI300X), allow_mixed=True))
+    mixed = decide(dataclasses.replace(facts(MI250X), allow_mixed=True))
     assert mixed.outcome is Outcome.MIXED and mixed.starts and not mixed.uniform
     assert "zero" in mixed.reason
     # AITER sparse PA with 4 KV heads per rank runs only the fp8 indexer: the
@@ -236,13 +255,13 @@ def test_mixed_pool_errors_offer_the_opt_in_and_it_is_honoured():
 def test_non_bf16_main_cache_fixes_name_bf16_when_auto_is_not():
     # --dtype float16: "auto" stores float16 and vLLM refuses a bfloat16 KV
     # cache beside a float16 model, so the fix runs the model in bf16.
-    verdict = decide(facts(MI300X, kv="auto", model_dtype="float16"))
+    verdict = decide(facts(MI250X, kv="auto", model_dtype="float16"))
     assert verdict.fixes[0].flags[:2] == (
         ("--dtype", "bfloat16"),
         ("--kv-cache-dtype", "auto"),
     )
     # vLLM rejects float16 KV beside a bf16 model by itself: no opt-in offered.
-    float16 = decide(facts(MI300X, kv="float16"))
+    float16 = decide(facts(MI250X, kv="float16"))
     assert all(
         "VLLM_MINIMAX_M3_KV_ALLOW_MIXED" not in dict(fix.env) for fix in float16.fixes
     )
@@ -252,8 +271,9 @@ def test_errors_name_the_fix_for_this_hardware():
     no_aiter = decide(facts(MI355X_NO_AITER, **CP4)).message
     assert "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1" in no_aiter
     assert "--attention-config.minimax_m3_indexer_cp false" in no_aiter
-    gfx942 = decide(facts(MI300X)).message
-    assert "gfx950" in gfx942 and "VLLM_ROCM_USE_AITER=1" not in gfx942
+    gfx90a = decide(facts(MI250X)).message
+    assert "gfx950" in gfx90a and "gfx942" in gfx90a
+    assert "VLLM_ROCM_USE_AITER=1" not in gfx90a
     # Past the MSA top-k with two KV heads per rank: fit the top-k, or leave
     # AITER sparse PA for vLLM's Triton indexer.
     too_long = decide(facts(max_model_len=2_000_000, kv_heads_per_rank=2)).message
@@ -408,7 +428,7 @@ def test_a_pool_without_index_cache_has_no_indexer_question(platform, kv, indexe
 
 def test_the_mtp_drafter_brings_an_index_cache_to_a_dense_checkpoint():
     drafter = dataclasses.replace(NO_SPARSE, drafter_index_cache=True)
-    verdict = decide(facts(MI300X, layers=drafter))
+    verdict = decide(facts(MI250X, layers=drafter))
     assert verdict.outcome is Outcome.ERROR
     assert decide(facts(layers=drafter)).outcome is Outcome.INHERITED
 
@@ -500,7 +520,9 @@ E4M3 = ("fp8", "fp8_e4m3")
 
 
 @pytest.mark.parametrize("kv", KV_DTYPES)
-@pytest.mark.parametrize("platform", [MI355X, MI355X_NO_AITER, MI300X, B300, A100])
+@pytest.mark.parametrize(
+    "platform", [MI355X, MI355X_NO_AITER, MI300X, MI250X, B300, A100]
+)
 def test_fix_labels_and_sentences_fit_every_main_dtype(platform, kv):
     for indexer in INDEXER_DTYPES:
         for allow_mixed in (False, True):

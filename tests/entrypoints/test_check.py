@@ -52,11 +52,11 @@ def basic():
             {"argv": ["--target", "nosuch"]},
             {"argv": ["--target", "mi355x", "--no-such-flag"]},
             {"argv": ["--target", "mi355x", "tests/data/llama_tiny"]},
-            {"argv": ["--target", "mi300x", "--dtype", "float16"]},
-            {"argv": ["--target", "mi300x", "--dtype", "bfloat16"]},
+            {"argv": ["--target", "mi250x", "--dtype", "float16"]},
+            {"argv": ["--target", "mi250x", "--dtype", "bfloat16"]},
             {"argv": ["--target", "mi355x", "--kv-cache-dtype", "int8_per_token_head"]},
             {
-                "argv": ["--target", "mi300x", "--kv-cache-dtype", "fp8", "-tp", "8"],
+                "argv": ["--target", "mi250x", "--kv-cache-dtype", "fp8", "-tp", "8"],
                 "env": {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
             },
             {"argv": ["--target", "mi355x", "-tp", "0"]},
@@ -98,6 +98,19 @@ def basic():
                     "true",
                 ]
             },
+            {  # MI300X with an fp8 KV cache: an fnuz index cache beside it
+                "argv": [
+                    "--target",
+                    "mi300x",
+                    "--kv-cache-dtype",
+                    "fp8",
+                    "--block-size",
+                    "128",
+                    "--language-model-only",
+                    "--tensor-parallel-size",
+                    "8",
+                ]
+            },
         ]
     )
 
@@ -129,6 +142,19 @@ def test_public_mi355x_recipe_passes_on_vllms_triton_indexer(basic):
     assert plan["bytes_per_token_total"] == 22656
     assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
     assert basic[0]["plan"]["fp8_indexer"] == "the AITER MSA indexer"
+
+
+def test_mi300x_fp8_kv_command_runs_uniform_on_an_fnuz_index_cache(basic):
+    # gfx942: vLLM's Triton indexer on an e4m3fnuz index cache, the plugin's
+    # fnuz writer filling it; the capacity of the MI355X recipes.
+    result = basic[14]
+    assert result["exit"] == 0, result
+    plan = result["plan"]
+    assert plan["indexer_kv_dtype"] == "fp8" and plan["indexer_inherited"]
+    assert plan["fp8_indexer"] == "vLLM's Triton indexer"
+    assert plan["uniform_precision"] and plan["kv_block_zeroer"] == "not built"
+    assert plan["bytes_per_token_total"] == 22656
+    assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
 
 
 def test_a_refusal_names_each_indexers_fix(basic):
@@ -592,7 +618,7 @@ def test_without_vllm_help_works_and_a_verdict_names_the_rocm_safe_install():
 
 
 def test_plan_on_stdout_refusal_and_fixes_on_stderr():
-    refused, _ = run_cli("--target", "mi300x", "--kv-cache-dtype", "fp8", "-tp", "8")
+    refused, _ = run_cli("--target", "mi250x", "--kv-cache-dtype", "fp8", "-tp", "8")
     assert refused.returncode == 2
     assert "KV block zeroer          none:" in refused.stdout
     assert "Fix with one of:" not in refused.stdout
@@ -600,7 +626,7 @@ def test_plan_on_stdout_refusal_and_fixes_on_stderr():
     assert "Fix with one of:" in refused.stderr
     mixed, _ = run_cli(
         "--target",
-        "mi300x",
+        "mi250x",
         "--kv-cache-dtype",
         "fp8",
         env={"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},

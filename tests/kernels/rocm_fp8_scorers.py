@@ -1,10 +1,10 @@
 """Child for ``test_rocm_fp8_triton_indexer.py``: vLLM's ROCm indexer scorers
-on an fp8 index cache, under a simulated MI355X.
+on an fp8 index cache, under a simulated MI355X (e4m3fn) or MI300X (e4m3fnuz).
 
-``python -m tests.kernels.rocm_fp8_scorers --out F [--mutant NAME]
-[--record R | --replay R]``
+``python -m tests.kernels.rocm_fp8_scorers --out F [--hardware mi300x]
+[--mutant NAME] [--record R | --replay R]``
 
-Without a GPU, vLLM sees ROCm gfx950 with AITER off, so its indexer module
+Without a GPU, vLLM sees ROCm gfx950 (or gfx942) with AITER off, so its indexer module
 imports ``models/minimax_m3/amd/ops/index_topk.py`` and the kernels run under
 Triton's interpreter. Writes, as JSON:
 
@@ -39,6 +39,12 @@ from sim.kernels import prepare_triton
 HARDWARE = "mi355x"
 
 
+def _fmt() -> Any:
+    from vllm_minimax_m3_kv.selftest import platform_fp8
+
+    return platform_fp8()
+
+
 def _gate(mutant: str | None) -> str:
     """The class vLLM's indexer gets for an fp8 index cache, or its refusal.
     The node self-test runs first (under the interpreter here), except where
@@ -69,10 +75,10 @@ def _corrupt_reference() -> None:
 
     reference = selftest.reference_scores
 
+    fp8 = _fmt().torch_dtype
+
     def one_step_off(case: Any, keys: Any, prefill_q: Any) -> Any:
-        nudged = (keys.to(torch.float8_e4m3fn).view(torch.uint8) ^ 1).view(
-            torch.float8_e4m3fn
-        )
+        nudged = (keys.to(fp8).view(torch.uint8) ^ 1).view(fp8)
         return reference(case, nudged.float(), prefill_q)
 
     selftest.reference_scores = one_step_off
@@ -89,7 +95,7 @@ def _bitwise(mutant: str | None) -> dict[str, bool]:
 
     case = selftest.Case()
     inputs = selftest.make_inputs(case)
-    stored = {name: selftest.e4m3(value) for name, value in inputs.items()}
+    stored = {name: selftest.e4m3(value, _fmt()) for name, value in inputs.items()}
     if mutant == "bf16_query":
         for name in ("prefill_q", "decode_q"):
             stored[name] = stored[name].to(torch.bfloat16)
@@ -145,7 +151,7 @@ def _stale(mutant: str | None) -> dict[str, bool]:
 
     case = selftest.Case()
     inputs = selftest.make_inputs(case)
-    stored = [selftest.e4m3(value) for value in inputs.values()]
+    stored = [selftest.e4m3(value, _fmt()) for value in inputs.values()]
     clean = selftest.run_scorers(case, *stored, device="cpu")
     if mutant == "stale_read":
         # The sequence's last token left unwritten: its slot, which the
@@ -179,7 +185,7 @@ def _policy() -> dict[str, Any]:
 
     ops = sys.modules[vllm_indexer.minimax_m3_index_decode.__module__]
     budget = ops._decode_score_program_budget
-    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    fp8, bf16 = _fmt().torch_dtype, torch.bfloat16
     return {
         "bf16": budget(3, 128, bf16, bf16, is_gfx950=True),
         "fp8": budget(3, 128, fp8, fp8, is_gfx950=True),
@@ -218,12 +224,13 @@ def _selftest(record: Path | None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--hardware", default=HARDWARE)
     parser.add_argument("--mutant", default=None)
     parser.add_argument("--record", type=Path, default=None)
     parser.add_argument("--replay", type=Path, default=None)
     parser.add_argument("--only", default="gate,policy,bitwise,stale,selftest")
     args = parser.parse_args()
-    prepare_triton(HARDWARE)
+    prepare_triton(args.hardware)
     os.environ.setdefault("VLLM_PLUGINS", "minimax_m3_kv")
     from vllm.plugins import load_general_plugins
 

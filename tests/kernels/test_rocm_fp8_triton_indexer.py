@@ -129,3 +129,58 @@ def test_the_selftest_record_replays_bit_for_bit(scorers, tmp_path):
                        record["outputs"]["decode_topk_q1"])  # fmt: skip
     out = _child("--replay", str(tampered), env=SKIP)
     assert out["replay_differs"] == ["decode_topk_q1"]
+
+
+# -- MI300X / MI325X (gfx942): the same scorers on an e4m3fnuz index cache ------
+
+FNUZ = ["--hardware", "mi300x"]
+
+
+@pytest.fixture(scope="module")
+def fnuz_scorers(tmp_path_factory) -> dict:
+    record = tmp_path_factory.mktemp("selftest_fnuz") / "record.pt"
+    out = _child(*FNUZ, "--record", str(record), env=SKIP)
+    out["record_path"] = str(record)
+    return out
+
+
+def test_the_plugin_selects_vllms_triton_indexer_for_fnuz_on_gfx942(fnuz_scorers):
+    assert fnuz_scorers["gate"] == "MiniMaxM3IndexerTritonImpl"
+
+
+def test_stock_vllm_refuses_fp8_on_gfx942_too():
+    out = _child(*FNUZ, "--mutant", "gate_closed", "--only", "gate", env=SKIP)
+    assert "requires CUDA fp8 support" in out["gate"], out
+
+
+def test_fnuz_bytes_score_bit_for_bit_as_the_same_values_in_bf16(fnuz_scorers):
+    assert fnuz_scorers["error"] is None, fnuz_scorers["error"]
+    bitwise = fnuz_scorers["bitwise"]
+    assert len(bitwise) == 10 and all(bitwise.values()), bitwise
+    assert fnuz_scorers["cuda_acceptance"] == {
+        "planted_kept": True,
+        "overlap_at_least_14": True,
+    }
+
+
+def test_stale_bytes_never_reach_an_fnuz_score(fnuz_scorers):
+    # 0x80 is NaN in fnuz (-0 in e4m3fn); 0x7F/0xFF are +-240.
+    assert fnuz_scorers["stale"] == {
+        "0xff": True,
+        "0x7e": True,
+        "0x80": True,
+        "0x7f": True,
+    }
+
+
+def test_the_node_selftest_runs_fnuz_on_gfx942(fnuz_scorers):
+    selftest = fnuz_scorers["selftest"]
+    assert selftest["passed"], selftest["failures"]
+    assert "float8_e4m3fnuz index scores" in selftest["line"]
+    # The writer's cast bytes are checked on a GPU only.
+    assert "writer: not run (Triton's interpreter" in selftest["line"]
+
+
+def test_the_fnuz_selftest_record_replays_bit_for_bit(fnuz_scorers):
+    out = _child(*FNUZ, "--replay", fnuz_scorers["record_path"], env=SKIP)
+    assert out["replay_differs"] == []

@@ -63,7 +63,10 @@ def mi355x_stock(scenario_runner):
     return scenario_runner("mi355x", scenarios, env=STOCK)
 
 
-def assert_uniform(result: dict) -> None:
+E4M3FN, E4M3FNUZ = "torch.float8_e4m3fn", "torch.float8_e4m3fnuz"
+
+
+def assert_uniform(result: dict, fp8: str = E4M3FN) -> None:
     assert "config_error" not in result and "build_error" not in result, result
     precisions = {tuple(spec[:2]) for spec in result["specs"].values()}
     assert precisions == {("torch.uint8", "FP8_PER_TENSOR")}, precisions
@@ -71,10 +74,11 @@ def assert_uniform(result: dict) -> None:
         plan = result[split]
         assert plan["workers"] == [False] * len(plan["workers"]), (split, plan)
         assert plan["scheduler"] is False, (split, plan)
-    # The indexer kernels still index e4m3 bytes, in the shape they always had.
+    # The indexer kernels index the platform's e4m3 bytes, in the shape they
+    # always had.
     assert result["indexer_bound"]
     for dtype, shape in result["indexer_bound"].values():
-        assert (dtype, shape) == ("torch.float8_e4m3fn", [2, 128, 128])
+        assert (dtype, shape) == (fp8, [2, 128, 128])
 
 
 def plugin_error(result: dict) -> str:
@@ -163,7 +167,9 @@ def test_non_minimax_model_is_untouched(mi355x):
     assert result["indexer_kv_dtype"] == "auto"
 
 
-# -- MI300X / MI325X (gfx942): no fp8 indexer exists ---------------------------
+# -- MI300X / MI325X (gfx942): an fnuz index cache, the plugin's writer ---------
+
+MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -171,28 +177,64 @@ def mi300x(scenario_runner):
     return scenario_runner(
         "mi300x",
         [
-            {"id": "fp8_kv", "env": AITER_ON, "engine": FP8, "build": False},
+            {"id": "fp8_kv", "env": {}, "engine": FP8},
+            {"id": "fp8_kv_mtp", "env": {}, "engine": {**FP8, **MTP}},
             {
                 "id": "fp8_both",
-                "env": AITER_ON,
+                "env": {},
                 "engine": {**FP8, "attention_config": FP8_INDEXER},
-                "build": False,
+            },
+            {
+                "id": "fp8_kv_aiter_set",
+                "env": AITER_ON,
+                "engine": {**FP8, "tensor_parallel_size": 4},
             },
         ],
     )
 
 
-def test_gfx942_fp8_kv_is_an_error_with_bf16_fallback(mi300x):
-    message = plugin_error(mi300x["fp8_kv"])
-    assert "gfx950" in message and "gfx942" in message
-    assert "--kv-cache-dtype auto" in message
-    # No env variable can give gfx942 an fp8 indexer, so none is offered.
-    assert "VLLM_ROCM_USE_AITER=1" not in message.split("Fix with one of:")[1]
+@pytest.fixture(scope="module")
+def mi300x_stock(scenario_runner):
+    return scenario_runner(
+        "mi300x",
+        [
+            {"id": "fp8_kv", "env": STOCK, "engine": FP8},
+            {
+                "id": "fp8_both",
+                "env": STOCK,
+                "engine": {**FP8, "attention_config": FP8_INDEXER},
+            },
+        ],
+    )
 
 
-def test_gfx942_explicit_fp8_indexer_is_an_error(mi300x):
-    message = plugin_error(mi300x["fp8_both"])
-    assert "no fp8 indexer can run here" in message
+def test_gfx942_fp8_kv_gets_an_fnuz_index_cache_on_vllms_triton_indexer(mi300x):
+    for scenario in ("fp8_kv", "fp8_both", "fp8_kv_aiter_set"):
+        result = mi300x[scenario]
+        assert result["indexer_kv_dtype"] == "fp8", scenario
+        assert result["indexer_impls"] == ["MiniMaxM3IndexerTritonImpl"], scenario
+        # Index cache and query in vLLM's fp8 type for gfx942, like the main
+        # cache, and written by the plugin's writer, not the fused op's OCP store.
+        assert result["index_cache_dtypes"] == ["torch.float8_e4m3fnuz"], scenario
+        assert result["index_writer"] == "OpsWithFnuzIndexWriter", scenario
+        assert_uniform(result, fp8=E4M3FNUZ)
+
+
+def test_gfx942_mtp_drafter_builds_on_the_same_indexer(mi300x):
+    result = mi300x["fp8_kv_mtp"]
+    assert result["draft_indexer_impls"] == ["MiniMaxM3IndexerTritonImpl"]
+    assert result["index_cache_dtypes"] == ["torch.float8_e4m3fnuz"]
+    assert_uniform(result, fp8=E4M3FNUZ)
+
+
+def test_stock_vllm_on_gfx942_mixes_or_fails(mi300x_stock):
+    # What the plugin changes: stock leaves the index cache bf16 beside the
+    # fnuz main cache (a mixed pool), and refuses an fp8 one at model build.
+    plan = mi300x_stock["fp8_kv"]["pp1"]
+    assert plan == {**plan, "workers": [True], "scheduler": False}
+    assert mi300x_stock["fp8_kv"]["index_writer"] == "module"
+    error = mi300x_stock["fp8_both"]["build_error"]
+    assert "requires CUDA fp8 support" in error["message"], error
 
 
 # -- CUDA SM100 (B200/B300) ------------------------------------------------------

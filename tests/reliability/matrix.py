@@ -87,6 +87,8 @@ PLATFORMS: dict[str, tuple[str, dict[str, str], str]] = {
     "mi355x-aiter-no-msa": ("mi355x", AITER_OFF, "no_msa"),
     "mi300x-no-aiter-env": ("mi300x", AITER_SPA, "absent"),
     "mi300x-no-aiter": ("mi300x", AITER_OFF, "absent"),
+    # ROCm with neither gfx950's nor gfx942's fp8 (gfx90a): no fp8 indexer.
+    "mi250x-no-aiter": ("mi250x", AITER_OFF, "absent"),
 }
 COVERING_ONLY_PLATFORMS = frozenset(
     p for p in PLATFORMS if "aiter-no" in p or "no-aiter" in p
@@ -221,7 +223,7 @@ RULE_WITNESSES: dict[str, tuple[str, ...]] = {
         "mi355x-aiter-no-msa-env",
         "kv_cache_dtype=fp8",
     ),
-    "rocm_triton_fp8_needs_gfx950": ("mi300x", "kv_cache_dtype=fp8"),
+    "rocm_triton_fp8_needs_gfx942_or_gfx950": ("mi250x-no-aiter", "kv_cache_dtype=fp8"),
     "rocm_triton_fp8_needs_no_indexer_cp": ("mi355x", "indexer_cp=True"),
     "rocm_triton_indexer_needs_one_kv_head_per_rank": (
         "mi355x-aiter-spa",
@@ -230,11 +232,11 @@ RULE_WITNESSES: dict[str, tuple[str, ...]] = {
     "drafter_kv_cache_matches_target": ("sm100", "draft_kv_cache_dtype=auto"),
     "skipped_layers_keep_one_precision": ("mi355x-aiter-spa", "skip_layers=0"),
     "pool_has_an_index_cache": ("sm80", "checkpoint=no_sparse"),
-    "fp8_indexer_must_run_here": ("mi300x", "indexer_kv_dtype=fp8"),
+    "fp8_indexer_must_run_here": ("mi250x-no-aiter", "indexer_kv_dtype=fp8"),
     "fp8_indexer_needs_e4m3_main": ("sm100", "indexer_kv_dtype=fp8"),
     "indexer_stores_bf16_or_fp8": ("sm100", "indexer_kv_dtype=mxfp4"),
     "main_cache_matches_an_indexer": ("sm100", "kv_cache_dtype=int8_per_token_head"),
-    "auto_indexer_needs_an_fp8_indexer": ("mi300x", "kv_cache_dtype=fp8"),
+    "auto_indexer_needs_an_fp8_indexer": ("mi250x-no-aiter", "kv_cache_dtype=fp8"),
     "explicit_indexer_matches_fp8_main": ("sm100", "indexer_kv_dtype=bf16"),
 }
 

@@ -28,7 +28,8 @@ from typing import Any
 PLUGIN_LINES = (
     "vllm-minimax-m3-kv active: minimax_m3_config_hook, "
     "minimax_m3_indexer_cache_storage, minimax_m3_rocm_fp8_triton_indexer, "
-    "minimax_m3_rocm_fp8_balanced_decode, minimax_m3_kv_zeroing_decision, "
+    "minimax_m3_rocm_fnuz_index_writer, minimax_m3_rocm_fp8_balanced_decode, "
+    "minimax_m3_kv_zeroing_decision, "
     "minimax_m3_kv_allow_mixed_env"
 )
 

@@ -280,6 +280,7 @@ ON_PR1 = [
     "minimax_m3_config_hook",
     "minimax_m3_indexer_cache_storage",
     "minimax_m3_rocm_fp8_triton_indexer",
+    "minimax_m3_rocm_fnuz_index_writer",
     "minimax_m3_rocm_fp8_balanced_decode",
     "minimax_m3_kv_zeroing_decision",
     "minimax_m3_kv_allow_mixed_env",
@@ -311,7 +312,7 @@ def test_check_on_a_patched_vllm_still_judges_the_target_gpu(series, request, tm
                 "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
             },
         },
-        {"argv": ["--target", "mi300x", "--kv-cache-dtype", "fp8", "-tp", "8"]},
+        {"argv": ["--target", "mi250x", "--kv-cache-dtype", "fp8", "-tp", "8"]},
         {"argv": ["--target", "b300", "--kv-cache-dtype", "fp8", "-tp", "3"]},
     ]
     cases_file = tmp_path / "cases.json"

@@ -50,8 +50,9 @@ MINIMAX_M3_ARCHITECTURES = (
 _TARGETS: dict[str, dict[str, Any]] = {
     "mi355x": {"name": "ROCm gfx950 (MI355X)", "vendor": "rocm", "rocm_gfx950": True},
     "mi350x": {"name": "ROCm gfx950 (MI350X)", "vendor": "rocm", "rocm_gfx950": True},
-    "mi325x": {"name": "ROCm gfx942 (MI325X)", "vendor": "rocm"},
-    "mi300x": {"name": "ROCm gfx942 (MI300X)", "vendor": "rocm"},
+    "mi325x": {"name": "ROCm gfx942 (MI325X)", "vendor": "rocm", "rocm_gfx942": True},
+    "mi300x": {"name": "ROCm gfx942 (MI300X)", "vendor": "rocm", "rocm_gfx942": True},
+    "mi250x": {"name": "ROCm gfx90a (MI250X)", "vendor": "rocm"},
     "b300": {
         "name": "CUDA sm_103 (B300)",
         "vendor": "cuda",
@@ -182,6 +183,7 @@ def live_platform_facts() -> PlatformFacts:
             name=f"ROCm {arch}",
             vendor="rocm",
             rocm_gfx950=bool(rocm.on_gfx950()),
+            rocm_gfx942=bool(rocm.on_gfx942()),
             aiter_enabled=aiter,
             shuffle_kv_cache_layout=shuffle,
             aiter_installed=installed,

@@ -72,6 +72,8 @@ class PlatformFacts:
     """For messages, e.g. ``"ROCm gfx950 (MI355X)"``."""
     vendor: Literal["rocm", "cuda", "other"]
     rocm_gfx950: bool = False
+    rocm_gfx942: bool = False
+    """MI300X/MI325X: vLLM's fp8 type there is e4m3fnuz."""
     cuda_supports_fp8: bool = False
     cuda_sm100_family: bool = False
     aiter_enabled: bool = False
@@ -470,21 +472,24 @@ def _needs_fp8_capable_gpu(facts: PrecisionFacts) -> _Blocker | None:
     ):
         return None
     return _Blocker(
-        "the fp8 indexer needs a CUDA GPU with fp8 support (or ROCm gfx950), "
-        f"and {platform.name} is neither",
+        "the fp8 indexer needs a CUDA GPU with fp8 support (or ROCm gfx942 or "
+        f"gfx950), and {platform.name} is neither",
         (),
     )
 
 
-def _rocm_triton_fp8_needs_gfx950(facts: PrecisionFacts) -> _Blocker | None:
-    # The plugin opens vLLM's Triton indexer to fp8 on gfx950 only: its e4m3fn
-    # index cache is the OCP type that gfx950's fp8 dots take natively.
+def _rocm_triton_fp8_needs_gfx942_or_gfx950(
+    facts: PrecisionFacts,
+) -> _Blocker | None:
+    # The plugin opens vLLM's Triton indexer to fp8 where Triton's fp8 dots
+    # are native and its writer is right: gfx950 (e4m3fn, vLLM's fused insert)
+    # and gfx942 (e4m3fnuz, the plugin's writer).
     platform = facts.platform
-    if platform.vendor != "rocm" or platform.rocm_gfx950:
+    if platform.vendor != "rocm" or platform.rocm_gfx950 or platform.rocm_gfx942:
         return None
     return _Blocker(
         f"{ROCM_TRITON_INDEXER} runs an fp8 index cache only on gfx950 "
-        f"(MI355X/MI350X) so far, and this is {platform.name}",
+        f"(MI355X/MI350X) and gfx942 (MI300X/MI325X), and this is {platform.name}",
         (),
     )
 
@@ -568,8 +573,8 @@ FP8_INDEXER_RULES: tuple[Rule, ...] = (
         once_selected=True,
     ),
     Rule(
-        "rocm_triton_fp8_needs_gfx950",
-        _rocm_triton_fp8_needs_gfx950,
+        "rocm_triton_fp8_needs_gfx942_or_gfx950",
+        _rocm_triton_fp8_needs_gfx942_or_gfx950,
         ROCM_TRITON_INDEXER,
     ),
     Rule(

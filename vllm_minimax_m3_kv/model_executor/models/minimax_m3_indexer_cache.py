@@ -1,12 +1,17 @@
-"""MiniMax-M3 indexer cache: describe fp8 storage the way the main cache does.
+"""MiniMax-M3 indexer cache: fp8 stored and described the way the main cache is.
 
 vLLM 0.33 describes an fp8 main cache as ``(torch.uint8, FP8_PER_TENSOR)`` and
 the fp8 indexer cache as ``(torch.float8_e4m3fn, NONE)``: the same e4m3 bytes,
 two descriptions, so ``KVCacheConfig.has_mixed_precision_kv_cache`` reports a
 mixed pool and a zeroer is built. Here the indexer cache adopts the main
-cache's description in its spec and views its bound tensor back as
-``float8_e4m3fn``, so the kernels see exactly what they saw before and the page
-size does not change (both dtypes are one byte).
+cache's description in its spec and views its bound tensor back as its own
+fp8 type, so the kernels see exactly what they saw before and the page size
+does not change (both dtypes are one byte).
+
+The index cache's fp8 type is the platform's, as the main cache's is
+(``current_platform.fp8_dtype()``, which MiniMax-M3's sparse attention views
+its main cache as): e4m3fn on CUDA and gfx950, e4m3fnuz on gfx942, where vLLM
+0.33 would otherwise store OCP e4m3fn beside an fnuz main cache.
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
-INDEXER_FP8_DTYPE = torch.float8_e4m3fn
+INDEXER_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def platform_fp8_dtype() -> torch.dtype:
+    """The fp8 e4m3 type vLLM stores the main cache in on this platform."""
+    from vllm.platforms import current_platform
+
+    return current_platform.fp8_dtype()
 
 
 def describe_like_main_cache(spec: KVCacheSpec, vllm_config: VllmConfig) -> KVCacheSpec:
@@ -33,14 +45,26 @@ def describe_like_main_cache(spec: KVCacheSpec, vllm_config: VllmConfig) -> KVCa
 
     main_dtype_str = vllm_config.cache_config.cache_dtype
     if (
-        spec.dtype != INDEXER_FP8_DTYPE
+        spec.dtype not in INDEXER_FP8_DTYPES
         or main_dtype_str not in FP8_E4M3_KV_CACHE_DTYPES
     ):
         return spec
     storage = kv_cache_dtype_str_to_dtype(main_dtype_str, vllm_config.model_config)
-    if storage.itemsize != INDEXER_FP8_DTYPE.itemsize:
+    if storage.itemsize != spec.dtype.itemsize:
         return spec  # a different page size would change the plan; leave it
     return replace(spec, dtype=storage, kv_quant_mode=get_kv_quant_mode(main_dtype_str))
+
+
+def wrap_init(original: Callable[..., None]) -> Callable[..., None]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        # vLLM picks e4m3fn for "fp8" on every platform; the model allocates
+        # the index query in this dtype too, so both follow the platform.
+        if self.dtype in INDEXER_FP8_DTYPES:
+            self.dtype = platform_fp8_dtype()
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
 
 
 def wrap_get_kv_cache_spec(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,13 +78,13 @@ def wrap_get_kv_cache_spec(original: Callable[..., Any]) -> Callable[..., Any]:
 def wrap_bind_kv_cache(original: Callable[..., Any]) -> Callable[..., Any]:
     def bind_kv_cache(self: Any, kv_cache: torch.Tensor) -> None:
         # The allocator hands out the spec's storage dtype; the indexer kernels
-        # index the cache as e4m3, so give them the same bytes as e4m3.
+        # index the cache as fp8 e4m3, so give them the same bytes in it.
         if (
-            self.dtype == INDEXER_FP8_DTYPE
-            and kv_cache.dtype != INDEXER_FP8_DTYPE
-            and kv_cache.element_size() == INDEXER_FP8_DTYPE.itemsize
+            self.dtype in INDEXER_FP8_DTYPES
+            and kv_cache.dtype != self.dtype
+            and kv_cache.element_size() == self.dtype.itemsize
         ):
-            kv_cache = kv_cache.view(INDEXER_FP8_DTYPE)
+            kv_cache = kv_cache.view(self.dtype)
         original(self, kv_cache)
 
     bind_kv_cache.__wrapped__ = original  # type: ignore[attr-defined]

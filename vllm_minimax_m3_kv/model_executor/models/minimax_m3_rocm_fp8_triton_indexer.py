@@ -1,4 +1,4 @@
-"""MiniMax-M3 on ROCm gfx950: vLLM's Triton indexer with an fp8 index cache.
+"""MiniMax-M3 on ROCm gfx950 and gfx942: vLLM's Triton indexer with an fp8 index cache.
 
 vLLM 0.33 gives ROCm an fp8 index cache only through the AITER MSA indexer.
 Without AITER sparse paged attention the model builds the neutral
@@ -9,7 +9,9 @@ dtype with fp32 accumulation, and the model already allocates the index query
 in the index cache's dtype and writes both with the fused insert.
 
 Here the gate selects ``MiniMaxM3IndexerTritonImpl`` for an fp8 e4m3 index
-cache on gfx950 (not for the context-parallel indexer, which stays bf16), after
+cache on gfx950, and on gfx942 where the cache is e4m3fnuz and the plugin's
+writer fills it (``minimax_m3_rocm_fnuz_index_writer``); not for the
+context-parallel indexer, which stays bf16; after
 the node self-test (``vllm_minimax_m3_kv.selftest``) has checked the kernels on
 this GPU; and the ROCm MTP drafter's bf16-only check lets its draft layers take
 the same indexer.
@@ -29,7 +31,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
 
 def rocm_fp8_triton_indexer_applies(indexer_kv_dtype: str) -> bool:
     """Whether this process's model build takes the plugin's fp8 Triton path:
-    ROCm gfx950, an fp8 e4m3 index cache, indexer CP off."""
+    ROCm gfx950 or gfx942, an fp8 e4m3 index cache, indexer CP off."""
     if indexer_kv_dtype not in FP8_INDEXER_DTYPES:
         return False
     from vllm.platforms import current_platform
@@ -38,7 +40,7 @@ def rocm_fp8_triton_indexer_applies(indexer_kv_dtype: str) -> bool:
         return False
     from vllm.platforms import rocm
 
-    if not rocm.on_gfx950():
+    if not (rocm.on_gfx950() or rocm.on_gfx942()):
         return False
     from vllm.config import get_current_vllm_config
 
@@ -51,7 +53,7 @@ def wrap_select_indexer_impl_cls(
     before_selecting: Callable[[], None],
 ) -> Callable[..., type]:
     """``select_indexer_impl_cls`` that returns ``triton_impl`` for an fp8
-    index cache on gfx950, once ``before_selecting`` (the node self-test) has
+    index cache on gfx950 or gfx942, once ``before_selecting`` (the node self-test) has
     passed, and asks vLLM's own selection everywhere else."""
 
     def select_indexer_impl_cls(
@@ -60,15 +62,19 @@ def wrap_select_indexer_impl_cls(
         if not rocm_fp8_triton_indexer_applies(indexer_kv_dtype):
             return original(topk_blocks=topk_blocks, indexer_kv_dtype=indexer_kv_dtype)
         before_selecting()
+        from vllm.platforms import current_platform, rocm
+
         from vllm_minimax_m3_kv._log import get_logger
 
         get_logger(__name__).info_once(
             "MiniMax M3 indexer: selected Triton with an fp8 index cache on "
-            "gfx950 (%s, by vllm-minimax-m3-kv) [topk_blocks=%d, "
-            "indexer_kv_dtype=%s]",
+            "%s (%s, by vllm-minimax-m3-kv) [topk_blocks=%d, "
+            "indexer_kv_dtype=%s, %s]",
+            "gfx950" if rocm.on_gfx950() else "gfx942",
             ROCM_TRITON_INDEXER,
             topk_blocks,
             indexer_kv_dtype,
+            str(current_platform.fp8_dtype()).removeprefix("torch."),
         )
         return triton_impl
 
@@ -121,12 +127,12 @@ def wrap_decode_score_program_budget(
     their stored dtype and accumulates in fp32)."""
     import torch
 
-    fp8 = torch.float8_e4m3fn
+    fp8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
     def _decode_score_program_budget(
         num_reqs: int, head_dim: int, query_dtype: Any, cache_dtype: Any, **kwargs: Any
     ) -> int | None:
-        if enabled and query_dtype == cache_dtype == fp8:
+        if enabled and query_dtype == cache_dtype and query_dtype in fp8:
             query_dtype = cache_dtype = torch.bfloat16
         return original(num_reqs, head_dim, query_dtype, cache_dtype, **kwargs)
 
