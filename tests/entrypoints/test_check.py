@@ -155,6 +155,16 @@ def test_mi300x_fp8_kv_command_runs_uniform_on_an_fnuz_index_cache(basic):
     assert plan["uniform_precision"] and plan["kv_block_zeroer"] == "not built"
     assert plan["bytes_per_token_total"] == 22656
     assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
+    # The plan names the bytes: fnuz on gfx942; OCP e4m3fn goes unsaid.
+    assert plan["fp8_format"] == "e4m3fnuz" and basic[1]["plan"]["fp8_format"] == ""
+    from vllm_minimax_m3_kv.entrypoints.check import Plan
+
+    rows = Plan(**plan).render().splitlines()
+    assert "main KV dtype            fp8 (e4m3fnuz)" in rows
+    assert (
+        "indexer dtype            fp8 (e4m3fnuz; inherited from the KV cache; "
+        "vLLM's Triton indexer)"
+    ) in rows
 
 
 def test_a_refusal_names_each_indexers_fix(basic):

@@ -90,6 +90,12 @@ class PlatformFacts:
     not "=0", for them)."""
 
     @property
+    def fp8_e4m3_format(self) -> str:
+        """The e4m3 flavour vLLM stores "fp8" caches in here
+        (``current_platform.fp8_dtype()``): fnuz on gfx942, OCP elsewhere."""
+        return "e4m3fnuz" if self.vendor == "rocm" and self.rocm_gfx942 else "e4m3fn"
+
+    @property
     def aiter_sparse_pa(self) -> bool:
         """AITER sparse paged attention will run (what vLLM's gate computes)."""
         return (

@@ -50,6 +50,7 @@ from vllm_minimax_m3_kv.config.facts import (
 )
 from vllm_minimax_m3_kv.config.indexer_precision import (
     ALLOW_MIXED_ENV,
+    FP8_E4M3_KV_CACHE_DTYPES,
     STOCK_INDEXER_DEFAULT,
     Fix,
     Outcome,
@@ -572,6 +573,9 @@ class Plan:
     fp8_indexer: str = ""
     """Which indexer runs the fp8 index cache, where the platform has two
     (ROCm: vLLM's Triton indexer or the AITER MSA indexer)."""
+    fp8_format: str = ""
+    """The e4m3 flavour of an fp8 cache where it is not OCP e4m3fn (gfx942:
+    e4m3fnuz), so the plan says which bytes the pool holds."""
 
     def render(self) -> str:
         rows = [("plugin", self.plugin)] if self.plugin != "on" else []
@@ -580,12 +584,7 @@ class Plan:
         rows += [
             ("architecture", self.architecture),
             ("target", self.target),
-            (
-                "main KV dtype",
-                self.kv_cache_dtype
-                if self.kv_cache_dtype_source == "--kv-cache-dtype"
-                else f"{self.kv_cache_dtype} ({self.kv_cache_dtype_source})",
-            ),
+            ("main KV dtype", self._main_row()),
             ("indexer dtype", self._indexer_row()),
             ("uniform precision", "yes" if self.uniform_precision else "no"),
             ("KV block zeroer", self.kv_block_zeroer),
@@ -607,8 +606,21 @@ class Plan:
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
+    def _main_row(self) -> str:
+        said = [
+            self.fp8_format if self.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES else "",
+            ""
+            if self.kv_cache_dtype_source == "--kv-cache-dtype"
+            else self.kv_cache_dtype_source,
+        ]
+        said = [part for part in said if part]
+        return self.kv_cache_dtype + (f" ({'; '.join(said)})" if said else "")
+
     def _indexer_row(self) -> str:
         said = [
+            self.fp8_format
+            if self.indexer_kv_dtype in FP8_E4M3_KV_CACHE_DTYPES
+            else "",
             "inherited from the KV cache" if self.indexer_inherited else "",
             self.fp8_indexer,
         ]
@@ -709,7 +721,13 @@ def plan_for(args: argparse.Namespace) -> Plan:
         fixes=[fix_as_json(fix) for fix in verdict.fixes],
         versions=versions_line(),
         fp8_indexer=verdict.fp8_indexer or "",
+        fp8_format=_fp8_format(facts),
     )
+
+
+def _fp8_format(facts: PrecisionFacts) -> str:
+    fp8_format = facts.platform.fp8_e4m3_format
+    return "" if fp8_format == "e4m3fn" else fp8_format
 
 
 def fix_as_json(fix: Fix) -> dict[str, Any]:
@@ -820,6 +838,7 @@ def _stock_plan(
             "off: VLLM_PLUGINS leaves out minimax_m3_kv; this is stock vLLM 0.33's plan"
         ),
         executor_note=executor_note,
+        fp8_format=_fp8_format(facts),
     )
 
 
