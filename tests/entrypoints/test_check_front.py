@@ -173,6 +173,10 @@ def test_the_early_answers_agree_with_vllms_own_validation():
     assert answers["tp_disagreements"] == []
     assert answers["tp_checked"] >= 16
     assert answers["serve_flags_shipped"] == answers["serve_flags_of_vllm"]
+    # check's own flags come from its parser, all of them, and none is shipped
+    # as vLLM's (--commands once was).
+    assert answers["own_flags"] == ["--commands", "--json", "--target", "--verbose"]
+    assert not set(answers["own_flags"]) & set(answers["serve_flags_shipped"])
     assert answers["valid_flags_called_typos"] == []
 
 
@@ -297,37 +301,6 @@ def test_target_here_judges_this_nodes_aiter(aiter):
         # (its gate does not look for them), which then cannot run.
         assert here == 2, here_plan
         assert "lacks the MSA kernels" in here_plan["message"]
-
-
-def test_commands_judges_every_deployment_line(tmp_path):
-    deployments = tmp_path / "deployments.txt"
-    deployments.write_text(
-        "# today's public MI355X recipe\n"
-        "vllm serve --kv-cache-dtype fp8 --block-size 128 -tp 8\n"
-        "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1 vllm serve "
-        "--kv-cache-dtype fp8 -tp 8\n"
-        "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1 vllm serve --kv-cache-dtype fp8 -tp 8 "
-        "--attention-config.minimax_m3_indexer_cp true\n"
-        "vllm serve --kv-cache-dtype fp8 -tp 8 "
-        "--attention-config.minimax_m3_indexer_cp true\n"
-        "vllm serve --kv-cache-dtpye fp8\n"
-    )
-    argv = ["-m", "vllm_minimax_m3_kv", "check", "--target", "mi355x"]
-    proc = run_python([*argv, "--commands", str(deployments)], {}, 300)
-    rows = [
-        [cell.strip() for cell in line.strip().strip("|").split("|")]
-        for line in proc.stdout.splitlines()
-        if line.startswith("| ") and not line.startswith(("| line", "| ---"))
-    ]
-    assert [row[:3] for row in rows] == [
-        ["2", "0", "inherited"],
-        ["3", "0", "inherited"],
-        ["4", "3", "mixed"],
-        ["5", "2", "error"],
-        ["6", "1", "usage error"],
-    ], proc.stdout
-    assert "did you mean --kv-cache-dtype?" in rows[4][5]
-    assert proc.returncode == 1  # the worst line's: a usage error
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,6 @@ import ast
 import contextlib
 import difflib
 import importlib.util
-import io
 import json
 import logging
 import os
@@ -58,9 +57,15 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     Verdict,
     stock_pool,
 )
+from vllm_minimax_m3_kv.entrypoints.check_commands import (
+    EXIT_MIXED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    PROG,
+    check_commands,
+)
 from vllm_minimax_m3_kv.entrypoints.serve_flags import mistyped_flag
-
-EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3
 
 ZEROER_NOT_BUILT = "not built"
 ZEROER_HONOURED = (
@@ -96,7 +101,6 @@ class _UsageError(Exception):
     pass
 
 
-PROG = "vllm-minimax-m3-kv check"
 USAGE = f"{PROG} [MODEL] --target TARGET [--json] [--verbose] [vllm serve flags]"
 DESCRIPTION = (
     "Preflight a MiniMax-M3 `vllm serve` command for KV precision, on any "
@@ -122,6 +126,7 @@ reason and its fixes on stderr); 1 usage error. --json also carries the fixes,
 one object each, and both versions.
 """
 VERBOSE_FLAG = "--verbose"
+JSON_FLAG = "--json"
 _CHECK_SECTION = "check options"
 
 
@@ -156,14 +161,17 @@ def _add_own_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]
             f"{ALLOW_MIXED_ENV} are read from the environment.",
         ),
         group.add_argument(
-            "--json", action="store_true", help="Print the plan as one JSON object."
+            JSON_FLAG, action="store_true", help="Print the plan as one JSON object."
         ),
         group.add_argument(
             "--commands",
             metavar="FILE",
-            help="Judge every `vllm serve` command in FILE, one a line (leading "
-            "VAR=value words are its environment; # comments), and print one "
-            "row each; exit with the worst line's code.",
+            help="Judge every `vllm serve` command in FILE, as a shell reads "
+            "it (backslash continues a line; # comments; leading VAR=value "
+            "words are its environment), and print one row each, with each "
+            "refusal's fixes; exit with the worst verdict (2 refused, 3 mixed), "
+            "or 4 if every judged line starts uniform but some line could not "
+            "be judged.",
         ),
         group.add_argument(
             VERBOSE_FLAG,
@@ -177,6 +185,18 @@ class _OwnParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse exits 2 on bad flags; 2 means "refused" here.
         raise _UsageError(message)
+
+
+def own_flag_names() -> frozenset[str]:
+    """The long flags check adds to vLLM's serve parser, read from the parser
+    that adds them (so the shipped list of vLLM's flags never holds them)."""
+    scratch = argparse.ArgumentParser(add_help=False)
+    return frozenset(
+        option
+        for action in _add_own_arguments(scratch)
+        for option in action.option_strings
+        if option.startswith("--")
+    )
 
 
 def own_parser() -> argparse.ArgumentParser:
@@ -979,7 +999,12 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         if early.commands is not None:
             assert early.target is not None
-            return check_commands(Path(early.commands), early.target)
+            return check_commands(
+                Path(early.commands),
+                early.target,
+                judge=main,
+                as_json=JSON_FLAG in argv,
+            )
         with _quiet_stderr(VERBOSE_FLAG not in argv):
             if early.target == HERE:
                 # Before vLLM's parser, which cannot be built without a device.
@@ -1013,63 +1038,6 @@ def main(argv: list[str] | None = None) -> int:
     for note in plan.notes:
         print(f"warning: {note}", file=sys.stderr)
     return plan.exit_code
-
-
-def _command_line(line: str) -> tuple[dict[str, str], list[str]]:
-    """A deployment's command line as its environment and check's argv."""
-    words = shlex.split(line, comments=True)
-    env: dict[str, str] = {}
-    while words and "=" in words[0] and not words[0].startswith("-"):
-        name, value = words.pop(0).split("=", 1)
-        env[name] = value
-    if words[:2] == ["vllm", "serve"]:
-        words = words[2:]
-    return env, words
-
-
-def check_commands(path: Path, target: str) -> int:
-    """One row per command line of ``path``: its verdict for ``target``."""
-    rows, worst = [], EXIT_OK
-    severity = {EXIT_OK: 0, EXIT_MIXED: 1, EXIT_REFUSED: 2, EXIT_USAGE: 3}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        env, words = _command_line(line)
-        if not words and not env:
-            continue
-        saved = dict(os.environ)
-        os.environ.update(env)
-        out, err = io.StringIO(), io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = main([*words, "--target", target, "--json"])
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        text = out.getvalue()
-        plan = json.loads(text[text.index("{") :]) if "{" in text else None
-        if plan is None:
-            why = (err.getvalue().strip().splitlines() or ["no plan"])[-1]
-            rows.append(
-                (number, code, "usage error", "", "", why.removeprefix(f"{PROG}: "))
-            )
-        else:
-            reason = plan["message"].splitlines()[0] if code != EXIT_OK else ""
-            rows.append(
-                (
-                    number,
-                    code,
-                    plan["outcome"],
-                    plan["kv_cache_dtype"],
-                    plan["indexer_kv_dtype"],
-                    reason,
-                )
-            )
-        if severity.get(code, 3) > severity.get(worst, 3):
-            worst = code
-    print("| line | exit | outcome | main KV | indexer | why (refused or mixed) |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for row in rows:
-        print("| " + " | ".join(str(cell) for cell in row) + " |")
-    return worst
 
 
 def _without_command(argv: list[str]) -> list[str]:

@@ -1,0 +1,180 @@
+"""``check --commands FILE``: judge every ``vllm serve`` command in a file.
+
+A file is read as a shell would read a script of commands: a line ending in a
+backslash continues on the next, blank lines and ``#`` comments are skipped,
+leading ``VAR=value`` words are the command's environment. Each command is
+judged by ``check`` itself; one that cannot be read or judged is reported on
+its own row with its line number, never as a traceback, and never outranks a
+verdict: the exit code is the worst verdict among the judged commands
+(refused 2, mixed 3, else 0), or :data:`EXIT_UNJUDGED` when every judged
+command starts uniform but some line could not be judged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROG = "vllm-minimax-m3-kv check"
+EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3
+EXIT_UNJUDGED = 4
+"""``--commands``: some line could not be judged; every judged one starts uniform."""
+
+_SEVERITY = {EXIT_OK: 0, EXIT_MIXED: 1, EXIT_REFUSED: 2}
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """One logical command of the file."""
+
+    number: int
+    """Its first physical line, as an editor numbers it."""
+    text: str
+    """Backslash continuations joined, as the shell joins them."""
+
+
+def command_lines(text: str) -> list[CommandLine]:
+    """The file's commands: continuations joined; blank and comment lines out."""
+    commands: list[CommandLine] = []
+    pending: list[str] = []
+    start = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not pending:
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            start = number
+        # An odd run of trailing backslashes escapes the newline.
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2:
+            pending.append(line[:-1])
+            continue
+        pending.append(line)
+        commands.append(CommandLine(start, "".join(pending)))
+        pending = []
+    if pending:  # the file ends inside a continuation: judge what is there
+        commands.append(CommandLine(start, "".join(pending)))
+    return commands
+
+
+def split_command(line: str) -> tuple[dict[str, str], list[str]]:
+    """A command as its environment and check's argv (``vllm serve`` dropped);
+    ValueError when the shell could not split it either."""
+    words = shlex.split(line, comments=True)
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    if words[:2] == ["vllm", "serve"]:
+        words = words[2:]
+    return env, words
+
+
+@dataclass
+class Row:
+    line: int
+    exit: int | None
+    """check's exit code; None where the line was not judged."""
+    outcome: str
+    kv_cache_dtype: str = ""
+    indexer_kv_dtype: str = ""
+    why: str = ""
+    fixes: list[str] = field(default_factory=list)
+    """Each fix as it pastes into a shell (refusals only)."""
+
+    @property
+    def judged(self) -> bool:
+        return self.exit in _SEVERITY
+
+
+def judge_line(
+    command: CommandLine, target: str, judge: Callable[[list[str]], int]
+) -> Row:
+    """``judge`` is check's ``main``: one command's row, whatever happens."""
+    try:
+        env, words = split_command(command.text)
+    except ValueError as error:
+        return Row(command.number, None, "not judged", why=f"unreadable: {error}")
+    saved = dict(os.environ)
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = judge([*words, "--target", target, "--json"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    text = out.getvalue()
+    if code not in _SEVERITY or "{" not in text:
+        why = (err.getvalue().strip().splitlines() or ["no plan"])[-1]
+        return Row(
+            command.number, code, "not judged", why=why.removeprefix(f"{PROG}: ")
+        )
+    plan: dict[str, Any] = json.loads(text[text.index("{") :])
+    return Row(
+        command.number,
+        code,
+        plan["outcome"],
+        plan["kv_cache_dtype"],
+        plan["indexer_kv_dtype"],
+        why=plan["message"].splitlines()[0] if code != EXIT_OK else "",
+        fixes=[fix["line"] for fix in plan.get("fixes", [])],
+    )
+
+
+def exit_code(rows: list[Row]) -> int:
+    """The worst verdict among judged rows; EXIT_UNJUDGED where that is a
+    start and some line was not judged."""
+    judged = [row.exit for row in rows if row.judged]
+    worst = max(judged, key=_SEVERITY.__getitem__, default=EXIT_OK)
+    if worst == EXIT_OK and any(not row.judged for row in rows):
+        return EXIT_UNJUDGED
+    return worst
+
+
+def render(rows: list[Row]) -> str:
+    table = [
+        "| line | exit | outcome | main KV | indexer | why (refused, mixed or not judged) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        cells = (
+            row.line,
+            "-" if row.exit is None else row.exit,
+            row.outcome,
+            row.kv_cache_dtype,
+            row.indexer_kv_dtype,
+            row.why.replace("|", "\\|"),
+        )
+        table.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    for row in rows:
+        if row.fixes:
+            table += ["", f"line {row.line}: fix with one of:"]
+            table += [f"  {fix}" for fix in row.fixes]
+    return "\n".join(table)
+
+
+def check_commands(
+    path: Path, target: str, judge: Callable[[list[str]], int], as_json: bool
+) -> int:
+    """Judge every command of ``path`` for ``target``; print the rows."""
+    commands = command_lines(path.read_text(encoding="utf-8", errors="replace"))
+    if not commands:
+        print(f"{PROG}: --commands {path}: no command in the file", file=sys.stderr)
+        return EXIT_USAGE
+    rows = [judge_line(command, target, judge) for command in commands]
+    code = exit_code(rows)
+    if as_json:
+        print(
+            json.dumps({"exit": code, "rows": [asdict(row) for row in rows]}, indent=2)
+        )
+    else:
+        print(render(rows))
+    return code
