@@ -21,6 +21,7 @@ def main() -> None:
         build_parser,
         bundled_model_path,
         known_bad_flag,
+        own_flag_names,
         vllm_kv_cache_dtypes,
     )
     from vllm_minimax_m3_kv.entrypoints.serve_flags import (
@@ -77,8 +78,9 @@ def main() -> None:
                 "serve_flags_of_vllm": [
                     f
                     for f in flags_of_parser(build_parser())
-                    if f not in ("--target", "--json", "--verbose")
+                    if f not in own_flag_names()
                 ],
+                "own_flags": sorted(own_flag_names()),
                 "serve_flags_shipped": known_flags(),
                 "valid_flags_called_typos": [
                     f for f in flags_of_parser(build_parser()) if mistyped_flag([f], [])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from importlib import metadata, resources
 from pathlib import Path
 
@@ -67,10 +68,12 @@ def mistyped_flag(words: list[str], own: list[str]) -> str | None:
 
 
 def main() -> None:
-    from vllm_minimax_m3_kv.entrypoints.check import build_parser
+    # vLLM's serve parser builds on its CPU platform on any machine, as check's.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from vllm_minimax_m3_kv.entrypoints.check import build_parser, own_flag_names
 
     path = Path(str(resources.files("vllm_minimax_m3_kv") / "data" / _DATA))
-    own = {"--target", "--json", "--verbose"}
+    own = own_flag_names()
     flags = [f for f in flags_of_parser(build_parser()) if f not in own]
     path.write_text(
         json.dumps({"vllm": metadata.version("vllm"), "flags": flags}, indent=0) + "\n"
