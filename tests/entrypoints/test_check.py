@@ -197,6 +197,13 @@ def test_non_bf16_non_fp8_main_caches_are_refused_with_fixes(basic):
     assert float16["exit"] == 2 and float16["plan"]["outcome"] == "error"
     assert "--dtype bfloat16 --kv-cache-dtype auto" in float16["plan"]["message"]
     assert fixed["exit"] == 0 and fixed["plan"]["uniform_precision"]
+    # A plan says what "auto" stores, not "auto" (#38, item 6).
+    from vllm_minimax_m3_kv.entrypoints.check import Plan
+
+    for result, stored in ((fixed, "bf16"), (float16, "float16")):
+        assert result["plan"]["kv_cache_dtype"] == "auto"  # JSON keeps the flag
+        rows = Plan(**result["plan"]).render().splitlines()
+        assert f"main KV dtype            {stored} (auto: the model's dtype)" in rows
     assert int8["exit"] == 2 and not int8["plan"]["uniform_precision"]
     assert "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1" in int8["plan"]["message"]
 

@@ -593,6 +593,8 @@ class Plan:
     fp8_indexer: str = ""
     """Which indexer runs the fp8 index cache, where the platform has two
     (ROCm: vLLM's Triton indexer or the AITER MSA indexer)."""
+    model_dtype: str = ""
+    """What ``--kv-cache-dtype auto`` stores: the model's dtype (for the row)."""
     fp8_format: str = ""
     """The e4m3 flavour of an fp8 cache where it is not OCP e4m3fn (gfx942:
     e4m3fnuz), so the plan says which bytes the pool holds."""
@@ -627,6 +629,10 @@ class Plan:
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
     def _main_row(self) -> str:
+        if self.kv_cache_dtype == "auto" and self.model_dtype:
+            # Say what "auto" stores: bf16 for MiniMax-M3's bf16 weights.
+            stored = {"bfloat16": "bf16"}.get(self.model_dtype, self.model_dtype)
+            return f"{stored} (auto: the model's dtype)"
         said = [
             self.fp8_format if self.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES else "",
             ""
@@ -742,6 +748,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
         versions=versions_line(),
         fp8_indexer=verdict.fp8_indexer or "",
         fp8_format=_fp8_format(facts),
+        model_dtype=facts.model_dtype,
     )
 
 
@@ -859,6 +866,7 @@ def _stock_plan(
         ),
         executor_note=executor_note,
         fp8_format=_fp8_format(facts),
+        model_dtype=facts.model_dtype,
     )
 
 
