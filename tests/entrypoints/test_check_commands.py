@@ -126,7 +126,10 @@ def test_commands_judges_a_real_deployment_file(tmp_path):
     assert rows[5][5] == "unreadable: No closing quotation"
     # The refusal's fixes follow the table, as they paste into a shell.
     fixes = proc.stdout.split(f"line {after + 2}: fix with one of:\n", 1)[1]
-    assert "--attention-config.minimax_m3_indexer_cp false" in fixes
+    assert (
+        "vllm serve MiniMaxAI/MiniMax-M3 --kv-cache-dtype fp8 -tp 8 "
+        "--attention-config.minimax_m3_indexer_cp false  # keep the fp8 KV cache"
+    ) in fixes
     # A refusal outranks the lines that could not be judged.
     assert proc.returncode == EXIT_REFUSED
 

@@ -48,8 +48,10 @@ from vllm_minimax_m3_kv.config.facts import (
     target_platform_facts,
 )
 from vllm_minimax_m3_kv.config.indexer_precision import (
+    AITER_ENV,
     ALLOW_MIXED_ENV,
     FP8_E4M3_KV_CACHE_DTYPES,
+    SHUFFLE_KV_ENV,
     STOCK_INDEXER_DEFAULT,
     Fix,
     Outcome,
@@ -65,6 +67,7 @@ from vllm_minimax_m3_kv.entrypoints.check_commands import (
     PROG,
     check_commands,
 )
+from vllm_minimax_m3_kv.entrypoints.fixed_commands import fixed_command
 from vllm_minimax_m3_kv.entrypoints.serve_flags import mistyped_flag
 
 ZEROER_NOT_BUILT = "not built"
@@ -757,6 +760,37 @@ def _fp8_format(facts: PrecisionFacts) -> str:
     return "" if fp8_format == "e4m3fn" else fp8_format
 
 
+FIXED_COMMANDS_HEADING = "The same command with each fix applied, as it runs:"
+"""Printed after a refusal's fixes, before each whole fixed command."""
+_COMMAND_ENV = (AITER_ENV, SHUFFLE_KV_ENV, ALLOW_MIXED_ENV)
+"""The variables check reads: a fixed command carries the ones that are set."""
+
+
+def _with_fixed_commands(
+    plan: Plan, argv: list[str], parser: argparse.ArgumentParser
+) -> None:
+    """Give each fix of ``plan`` its ``command``: the user's own ``vllm
+    serve`` command (check's flags left out) with that fix applied."""
+    if not plan.fixes:
+        return
+    _, serve_words = own_parser().parse_known_args(argv)
+    if _model_argument(serve_words) is None:
+        # The bundled config stands for the published checkpoint.
+        serve_words = [BUNDLED_HUB_ID, *serve_words]
+    env = {name: os.environ[name] for name in _COMMAND_ENV if name in os.environ}
+    table = parser._option_string_actions
+
+    def arity(flag: str) -> int | None:
+        action = table.get(flag)
+        nargs = None if action is None else action.nargs
+        if action is None or nargs is None:
+            return 1
+        return nargs if isinstance(nargs, int) else None
+
+    for fix in plan.fixes:
+        fix["command"] = fixed_command(serve_words, env, fix, arity)
+
+
 def fix_as_json(fix: Fix) -> dict[str, Any]:
     return {
         "line": fix.render(),
@@ -1025,6 +1059,7 @@ def main(argv: list[str] | None = None) -> int:
                 argv = _without_model(argv, early.bundled_for)
             args = parser.parse_args(argv)
             plan = plan_for(args)
+            _with_fixed_commands(plan, argv, parser)
             if early.bundled_for is not None:
                 plan = replace(
                     plan,
@@ -1041,6 +1076,11 @@ def main(argv: list[str] | None = None) -> int:
         print(plan.render())
     if plan.outcome == Outcome.ERROR.value:
         print(plan.message, file=sys.stderr)
+        commands = [fix["command"] for fix in plan.fixes if "command" in fix]
+        if commands:
+            print(FIXED_COMMANDS_HEADING, file=sys.stderr)
+            for command in commands:
+                print(f"  {command}", file=sys.stderr)
     elif plan.outcome == Outcome.MIXED.value:
         print(f"warning: {plan.message}", file=sys.stderr)
     for note in plan.notes:

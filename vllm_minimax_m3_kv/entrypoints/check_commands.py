@@ -87,7 +87,7 @@ class Row:
     indexer_kv_dtype: str = ""
     why: str = ""
     fixes: list[str] = field(default_factory=list)
-    """Each fix as it pastes into a shell (refusals only)."""
+    """Each fix applied to the command, as it runs (refusals only)."""
 
     @property
     def judged(self) -> bool:
@@ -125,7 +125,7 @@ def judge_line(
         plan["kv_cache_dtype"],
         plan["indexer_kv_dtype"],
         why=plan["message"].splitlines()[0] if code != EXIT_OK else "",
-        fixes=[fix["line"] for fix in plan.get("fixes", [])],
+        fixes=[fix.get("command", fix["line"]) for fix in plan.get("fixes", [])],
     )
 
 

@@ -1,0 +1,123 @@
+"""A refusal's fixes as whole ``vllm serve`` commands that run as printed.
+
+A fix is a set of edits (variables, flags to set, flags to drop); pasted on
+its own, ``VAR=1  # ...`` sets an unexported shell variable and ``--flag v``
+is "command not found". Here each fix is applied to the user's own command:
+its variables prefix the command (beside the ones it already had), a flag it
+sets replaces the user's value in any spelling vLLM takes (``--a-b v``,
+``--a_b=v``), a field of a config group given as JSON
+(``--speculative-config '{...}'``) is set inside that JSON (vLLM refuses the
+JSON and a dotted field of the same group side by side), and a flag it drops
+goes with all its values.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+SERVE = ("vllm", "serve")
+
+
+def _spelling(word: str) -> str:
+    """The flag a word names, as vLLM's parser reads it: ``--a_b=v`` is
+    ``--a-b``; a config group's field keeps its key (``--a-b.c_d``)."""
+    name = word.split("=", 1)[0]
+    group, dot, field = name.partition(".")
+    return "--" + group[2:].replace("_", "-") + dot + field
+
+
+def _values_after(words: Sequence[str], index: int, arity: int | None) -> int:
+    """How many words after ``words[index]`` are its values (``None``: as
+    many as do not look like a flag, for ``nargs='+'``)."""
+    if "=" in words[index]:
+        return 0
+    if arity is not None:
+        return arity
+    count = 0
+    for word in words[index + 1 :]:
+        if word.startswith("-") and not word[1:2].isdigit():
+            break
+        count += 1
+    return count
+
+
+def _drop(
+    words: list[str], flag: str, arity: Callable[[str], int | None]
+) -> tuple[list[str], int | None]:
+    """``words`` without ``flag`` and its values; where it stood (or None)."""
+    out: list[str] = []
+    where = None
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word.startswith("--") and _spelling(word) == flag:
+            where = len(out) if where is None else where
+            index += 1 + _values_after(words, index, arity(flag))
+            continue
+        out.append(word)
+        index += 1
+    return out, where
+
+
+def _set_in_json(words: list[str], group: str, field: str, value: str) -> bool:
+    """Set ``field`` in the JSON value of ``group`` if the command gives one."""
+    for index, word in enumerate(words):
+        if not word.startswith("--") or _spelling(word) != group:
+            continue
+        inline = "=" in word
+        raw = word.split("=", 1)[1] if inline else words[index + 1 : index + 2]
+        text = raw if isinstance(raw, str) else (raw[0] if raw else "")
+        try:
+            config = json.loads(text)
+        except ValueError:
+            return False
+        if not isinstance(config, dict):
+            return False
+        config[field] = value
+        edited = json.dumps(config, separators=(",", ":"))
+        if inline:
+            words[index] = f"{word.split('=', 1)[0]}={edited}"
+        else:
+            words[index + 1] = edited
+        return True
+    return False
+
+
+def apply_fix(
+    argv: Sequence[str],
+    fix: Mapping[str, Any],
+    arity: Callable[[str], int | None] = lambda flag: 1,
+) -> list[str]:
+    """The ``vllm serve`` arguments ``argv`` with ``fix`` (check's JSON form:
+    ``flags``, ``remove``) applied; ``arity`` says how many values a flag
+    takes (``None``: one or more)."""
+    words = list(argv)
+    for flag in fix.get("remove", ()):
+        words, _ = _drop(words, _spelling(flag), arity)
+    for flag, value in fix.get("flags", ()):
+        flag = _spelling(flag)
+        group, dot, field = flag.partition(".")
+        if dot and _set_in_json(words, group, field, value):
+            continue
+        words, where = _drop(words, flag, arity)
+        at = len(words) if where is None else where
+        words[at:at] = [flag, value]
+    return words
+
+
+def fixed_command(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    fix: Mapping[str, Any],
+    arity: Callable[[str], int | None] = lambda flag: 1,
+) -> str:
+    """One line that runs as printed: the command's variables with the fix's,
+    ``vllm serve`` and its fixed arguments, then what the fix does."""
+    variables = {**env, **dict(fix.get("env", {}))}
+    words = [f"{name}={shlex.quote(value)}" for name, value in variables.items()]
+    words += [*SERVE, *map(shlex.quote, apply_fix(argv, fix, arity))]
+    notes = [fix["summary"], *(f"needs {need}" for need in fix.get("requires", ()))]
+    return f"{' '.join(words)}  # {'; '.join(notes)}"
