@@ -15,6 +15,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     PoolLayers,
     PrecisionFacts,
     SparseShape,
+    bf16_pool_vllm_cannot_build,
     decide,
     fixed_facts,
 )
@@ -559,3 +560,43 @@ def test_a_non_e4m3_main_cache_is_switched_not_kept():
     assert "an explicit bf16 indexer would sit beside the fp8 main cache; a pool" in (
         explicit
     )
+
+
+# -- bf16 pools vLLM itself cannot build (check reports them; #38 item 5) -----
+
+
+def test_a_bf16_pool_vllm_fails_to_build_is_an_error_with_fixes_that_build():
+    # AITER sparse PA at four KV heads per rank needs the MSA indexer's page
+    # table, which needs an fp8 index cache.
+    aiter_tp1 = facts(kv="auto", kv_heads_per_rank=4)
+    assert decide(aiter_tp1).outcome is Outcome.UNCHANGED  # the plugin's part
+    verdict = bf16_pool_vllm_cannot_build(aiter_tp1)
+    assert verdict is not None and verdict.outcome is Outcome.ERROR
+    assert "tensor_parallel_size=1 leaves 4" in verdict.reason
+    for fix in verdict.fixes:
+        fixed = fixed_facts(aiter_tp1, fix)
+        if dict(fix.env).get("VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT") == "0":
+            fixed = dataclasses.replace(
+                fixed,
+                platform=dataclasses.replace(
+                    fixed.platform, shuffle_kv_cache_layout=False
+                ),
+            )
+        assert bf16_pool_vllm_cannot_build(fixed) is None, fix
+        assert decide(fixed).starts, fix
+    # Indexer CP where it cannot run fails for bf16 too.
+    cp = bf16_pool_vllm_cannot_build(facts(B300, kv="auto", indexer_cp=True))
+    assert cp is not None and "minimax_m3_indexer_cp" in cp.reason
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        facts(kv="auto"),  # one KV head per rank
+        facts(MI355X_NO_AITER, kv="auto", kv_heads_per_rank=4),
+        facts(kv="fp8", kv_heads_per_rank=4),  # not bf16: the rules above
+        facts(kv="auto", kv_heads_per_rank=4, layers=NO_SPARSE),
+    ],
+)
+def test_bf16_pools_vllm_builds_are_left_alone(case):
+    assert bf16_pool_vllm_cannot_build(case) is None

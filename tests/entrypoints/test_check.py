@@ -98,6 +98,18 @@ def basic():
                     "true",
                 ]
             },
+            {  # both caches bf16, AITER sparse PA at two KV heads per rank
+                "argv": [
+                    "--target",
+                    "mi355x",
+                    "--block-size",
+                    "128",
+                    "--language-model-only",
+                    "--tensor-parallel-size",
+                    "2",
+                ],
+                "env": AITER_ON,
+            },
             {  # MI300X with an fp8 KV cache: an fnuz index cache beside it
                 "argv": [
                     "--target",
@@ -147,7 +159,7 @@ def test_public_mi355x_recipe_passes_on_vllms_triton_indexer(basic):
 def test_mi300x_fp8_kv_command_runs_uniform_on_an_fnuz_index_cache(basic):
     # gfx942: vLLM's Triton indexer on an e4m3fnuz index cache, the plugin's
     # fnuz writer filling it; the capacity of the MI355X recipes.
-    result = basic[14]
+    result = basic[15]
     assert result["exit"] == 0, result
     plan = result["plan"]
     assert plan["indexer_kv_dtype"] == "fp8" and plan["indexer_inherited"]
@@ -165,6 +177,27 @@ def test_mi300x_fp8_kv_command_runs_uniform_on_an_fnuz_index_cache(basic):
         "indexer dtype            fp8 (e4m3fnuz; inherited from the KV cache; "
         "vLLM's Triton indexer)"
     ) in rows
+
+
+def test_a_bf16_pool_vllm_cannot_build_is_reported_with_vllms_reason(basic):
+    # The plugin leaves bf16 pools alone, and vLLM 0.33 fails this one at model
+    # build (tests/models: "requires num_kv_heads == 1 per tensor-parallel
+    # rank"); check says so instead of "starts" (#38, item 5).
+    result = basic[14]
+    assert result["exit"] == 2, result
+    plan = result["plan"]
+    assert plan["message"].startswith(
+        "vLLM 0.33 fails to build this MiniMax-M3 KV pool at model build: AITER "
+        "sparse paged attention serves more than one KV head per rank"
+    )
+    assert plan["uniform_precision"] and plan["indexer_kv_dtype"] == "bf16"
+    by_summary = {fix["summary"]: fix for fix in plan["fixes"]}
+    assert by_summary["both caches bf16, as vLLM builds them"]["env"] == {
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"
+    }
+    assert by_summary["fp8 both: an fp8 KV cache"]["flags"] == [
+        ["--kv-cache-dtype", "fp8"]
+    ]
 
 
 def test_a_refusal_names_each_indexers_fix(basic):
@@ -283,9 +316,20 @@ def _live_outcome(result: dict) -> tuple[str, str | None]:
     if error:
         assert error["from_plugin"], error
         return "error", None
+    if result.get("build_error"):  # vLLM's own, at model build (bf16 pools)
+        return "error", None
     # vLLM runs MiniMax-M3's "auto" indexer as bf16; check prints that.
     return "ok", {"auto": "bf16"}.get(
         result["indexer_kv_dtype"], result["indexer_kv_dtype"]
+    )
+
+
+def _bf16(case: dict) -> bool:
+    engine = case["engine"]
+    indexer = engine.get("attention_config", {}).get("indexer_kv_dtype", "auto")
+    return engine.get("kv_cache_dtype", "auto") == "auto" and indexer in (
+        "auto",
+        "bf16",
     )
 
 
@@ -426,8 +470,10 @@ def agreement(scenario_runner) -> dict[str, dict[str, tuple]]:
     check in one process: check simulates its --target itself)."""
     live = {}
     for target, cases in AGREEMENT_CASES.items():
+        # Pools with both caches bf16 are built too: the plugin leaves them
+        # to vLLM, whose model build is what check must agree with there.
         scenarios = [
-            {"id": c["id"], "env": c["env"], "engine": c["engine"], "build": False}
+            {"id": c["id"], "env": c["env"], "engine": c["engine"], "build": _bf16(c)}
             for c in cases
             + (POOL_CASES if target == "mi355x" else [])
             + CHECKPOINT_CASES.get(target, [])
@@ -681,9 +727,15 @@ PARITY_LINES = {
         "--attention-config.indexer_kv_dtype",
         "mxfp4",
     ],
-    "bf16": ["--kv-cache-dtype", "auto"],
+    "bf16": ["-tp", "8", "--kv-cache-dtype", "auto"],
+    # Both bf16 at two KV heads per rank: vLLM fails at model build (built live).
+    "bf16_tp2": ["-tp", "2", "--kv-cache-dtype", "auto"],
     "missing_model": ["--model", "/nonexistent/typo/MiniMax-M3"],
 }
+
+
+BUILT_LIVE = {"bf16_tp2"}
+"""Lines whose verdict vLLM gives only at model build."""
 
 
 def _engine_from_flags(argv: list[str]) -> dict:
@@ -710,7 +762,7 @@ def test_check_accepts_and_refuses_what_vllm_serve_does(scenario_runner):
             {
                 "id": name,
                 "env": AITER_ON,
-                "build": False,
+                "build": name in BUILT_LIVE,
                 "engine": _engine_from_flags(argv),
             }
             for name, argv in PARITY_LINES.items()
@@ -732,8 +784,9 @@ def test_check_accepts_and_refuses_what_vllm_serve_does(scenario_runner):
         if result["exit"] == 1:
             assert len(result["stderr"].strip().splitlines()) == 1, result["stderr"]
         check_accepts = result["exit"] in (0, 3)
-        live_accepts = "config_error" not in live[name]
+        live_accepts = not {"config_error", "build_error"} & set(live[name])
         verdicts[name] = (check_accepts, live_accepts)
     assert all(ours == theirs for ours, theirs in verdicts.values()), verdicts
     assert verdicts["recipe"] == (True, True) and verdicts["bf16"] == (True, True)
     assert verdicts["tp3"] == (False, False)
+    assert verdicts["bf16_tp2"] == (False, False)

@@ -61,6 +61,8 @@ REFUSALS = {
         ["--target", "mi355x", "--kv-cache-dtype", "fp8", *BF16_INDEXER],
         AITER_ON,
     ),
+    # Both caches bf16, which vLLM itself cannot build here (check says so).
+    "bf16_aiter_tp2": (["--target", "mi355x", "-tp", "2"], AITER_ON),
     "gfx90a": (["--target", "mi250x", "--kv-cache-dtype", "fp8", "-tp", "8"], {}),
     "float16": (
         [

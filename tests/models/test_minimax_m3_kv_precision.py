@@ -43,6 +43,11 @@ MI355X = [
     },
     {"id": "bf16_everywhere", "env": {}, "engine": {"max_model_len": 8192}},
     {
+        "id": "bf16_aiter_sparse_pa_tp2",
+        "env": AITER_ON,
+        "engine": {"max_model_len": 8192, "tensor_parallel_size": 2},
+    },
+    {
         "id": "non_minimax_fp8",
         "env": {},
         "build": False,
@@ -159,6 +164,19 @@ def test_bf16_everywhere_is_unchanged(mi355x):
     assert result["pp1"]["workers"] == [False]
     precisions = {tuple(spec[:2]) for spec in result["specs"].values()}
     assert precisions == {("torch.bfloat16", "NONE")}
+
+
+def test_a_bf16_pool_with_aiter_sparse_pa_at_two_heads_per_rank_fails_in_vllm(mi355x):
+    # What check reports for this command (tests/entrypoints/test_check.py):
+    # the plugin leaves the bf16 pool alone, and vLLM's own model build fails.
+    result = mi355x["bf16_aiter_sparse_pa_tp2"]
+    assert "config_error" not in result, result
+    assert result["indexer_kv_dtype"] == "auto"
+    error = result["build_error"]
+    assert (
+        "requires num_kv_heads == 1 per tensor-parallel rank, got 2"
+        in (error["message"])
+    ), error
 
 
 def test_non_minimax_model_is_untouched(mi355x):

@@ -1253,6 +1253,51 @@ class StockPool:
     uniform: bool
 
 
+VLLM_CANNOT_BUILD = "vLLM 0.33 fails to build this MiniMax-M3 KV pool at model build"
+"""How a bf16 pool vLLM itself cannot build is reported (by ``check``; the live
+hook leaves bf16 pools to vLLM, which raises its own error)."""
+
+
+def bf16_pool_vllm_cannot_build(facts: PrecisionFacts) -> Verdict | None:
+    """A pool with both caches bf16 (the plugin leaves it alone) that vLLM
+    0.33 fails to build for a reason the rules above model, as an ERROR
+    verdict with vLLM's reason and the fixes that build; None otherwise.
+
+    ``check`` promises what ``vllm serve`` does, so it reports these too.
+    """
+    both_bf16 = (
+        facts.main_cache_precision == BF16
+        and facts.indexer_kv_dtype in BF16_INDEXER_DTYPES
+    )
+    if not both_bf16 or not facts.layers.has_index_cache:
+        return None
+    reasons = []
+    cp = _indexer_cp_needs_rocm_tp(facts)
+    if cp is not None:  # select_indexer_impl_cls raises, whatever the dtype
+        reasons.append(cp.reason)
+    if facts.platform.aiter_sparse_pa and facts.kv_heads_per_rank > 1:
+        # minimax_m3_use_aiter_sparse_pa: "MiniMax M3 AITER sparse paged
+        # attention requires num_kv_heads == 1 per tensor-parallel rank".
+        reasons.append(
+            "AITER sparse paged attention serves more than one KV head per "
+            "rank only beside the AITER MSA indexer's page table, which needs "
+            f"an fp8 index cache, and tensor_parallel_size="
+            f"{facts.tensor_parallel_size} leaves {facts.kv_heads_per_rank}"
+        )
+    if not reasons:
+        return None
+    fixes = [_bf16_fix(facts, "both caches bf16, as vLLM builds them")]
+    fp8 = Fix("fp8 both: an fp8 KV cache", flags=((KV_CACHE_DTYPE_FLAG, "fp8"),))
+    if decide(fixed_facts(facts, fp8)).outcome is Outcome.INHERITED:
+        fixes.insert(0, fp8)
+    return Verdict(
+        Outcome.ERROR,
+        facts.indexer_kv_dtype,
+        f"{VLLM_CANNOT_BUILD}: {'; '.join(reasons)}.",
+        fixes=tuple(fixes),
+    )
+
+
 def stock_pool(facts: PrecisionFacts) -> StockPool:
     """Stock vLLM 0.33: ``auto`` is a bf16 index cache whatever the KV cache,
     and an index cache is described by its own dtype with no quantization

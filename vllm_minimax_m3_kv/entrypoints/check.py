@@ -57,6 +57,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     Outcome,
     PrecisionFacts,
     Verdict,
+    bf16_pool_vllm_cannot_build,
     stock_pool,
 )
 from vllm_minimax_m3_kv.entrypoints.check_commands import (
@@ -707,6 +708,14 @@ def plan_for(args: argparse.Namespace) -> Plan:
             _stock_plan(model_config, facts, args.target, executor_note),
             not_judged=not_judged,
         )
+    # The plugin leaves bf16 pools to vLLM; check still says when vLLM will
+    # fail to build one, since it promises what `vllm serve` does.
+    unbuildable = (
+        bf16_pool_vllm_cannot_build(facts)
+        if verdict.outcome is Outcome.UNCHANGED
+        else None
+    )
+    verdict = unbuildable or verdict
     resolved = verdict.indexer_kv_dtype
     tp = facts.tensor_parallel_size
     sizes = {
@@ -721,8 +730,12 @@ def plan_for(args: argparse.Namespace) -> Plan:
         **sizes,
         indexer_kv_dtype=STOCK_INDEXER_DEFAULT if requested == "auto" else requested,
     )
-    # Both caches bf16 (unchanged) is uniform too; only MIXED and ERROR are not.
-    uniform = verdict.outcome not in (Outcome.MIXED, Outcome.ERROR)
+    # Both caches bf16 (unchanged) is uniform too, even where vLLM cannot
+    # build it; only MIXED and the plugin's refusals are not.
+    uniform = unbuildable is not None or verdict.outcome not in (
+        Outcome.MIXED,
+        Outcome.ERROR,
+    )
     zeroer = {
         Outcome.ERROR: ZEROER_REFUSED,
         Outcome.MIXED: ZEROER_HONOURED,
