@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
     MSA_MAX_BLOCKS_PER_ROW,
+    Fix,
     Outcome,
     PlatformFacts,
     PoolLayers,
@@ -17,6 +18,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     SparseShape,
     bf16_pool_vllm_cannot_build,
     decide,
+    facts_with_fix,
     fixed_facts,
 )
 from vllm_minimax_m3_kv.entrypoints.check import vllm_kv_cache_dtypes
@@ -600,3 +602,25 @@ def test_a_bf16_pool_vllm_fails_to_build_is_an_error_with_fixes_that_build():
 )
 def test_bf16_pools_vllm_builds_are_left_alone(case):
     assert bf16_pool_vllm_cannot_build(case) is None
+
+
+def test_every_fix_applied_whole_starts():
+    # facts_with_fix applies a fix's variables as well as its flags (what the
+    # capacity of each fix in check is computed on).
+    cases = [
+        facts(MI355X_NO_AITER, indexer_cp=True, tensor_parallel_size=4),
+        facts(indexer="bf16", kv_heads_per_rank=4),
+        facts(MI250X),
+        facts(B300, draft_kv_cache_dtype="auto"),
+        facts(kv="fp8_e5m2", tensor_parallel_size=8),
+    ]
+    for case in cases:
+        refused = decide(case)
+        assert refused.outcome is Outcome.ERROR, case
+        for fix in refused.fixes:
+            assert decide(facts_with_fix(case, fix)).starts, (case, fix)
+    aiter = facts_with_fix(
+        facts(MI355X_NO_AITER),
+        Fix("x", env=(("VLLM_ROCM_USE_AITER", "1"),)),
+    )
+    assert aiter.platform.aiter_enabled and not aiter.platform.shuffle_kv_cache_layout

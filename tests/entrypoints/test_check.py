@@ -270,6 +270,29 @@ def test_the_hub_id_not_in_the_cache_judges_its_bundled_config(basic):
     assert plan["bytes_per_token_total"] == 22656
 
 
+def test_each_fix_says_its_capacity_against_the_command_as_typed(basic):
+    # The public MI355X recipe with indexer CP on (AITER unset), refused: its
+    # fixes against stock vLLM 0.33 running that command (#38, item 4).
+    plan = basic[13]["plan"]
+    capacity = {fix["summary"]: fix["token_capacity_vs_stock"] for fix in plan["fixes"]}
+    assert capacity == {
+        "keep the fp8 KV cache, fp8 indexer (vLLM's Triton indexer)": 1.322,
+        "keep the fp8 KV cache, fp8 indexer (the AITER MSA indexer)": 1.322,
+        "main cache bf16": 0.661,
+        "accept a mixed pool: every worker zeroes new blocks": 1.0,
+    }
+    bf16 = next(f for f in plan["fixes"] if f["summary"] == "main cache bf16")
+    assert bf16["command"].endswith(
+        "# main cache bf16; 0.66x the KV tokens of this command on stock vLLM 0.33"
+    )
+    from vllm_minimax_m3_kv.entrypoints.check import Plan
+
+    assert (
+        "token capacity vs stock  1.00x (stock vLLM 0.33 running this command: "
+        "29,952 bytes/token)"
+    ) in Plan(**plan).render().splitlines()
+
+
 def test_json_carries_the_fixes_and_the_versions(basic):
     plan = basic[13]["plan"]  # indexer CP with AITER unset, refused
     assert plan["versions"].startswith("vllm-minimax-m3-kv ")

@@ -1093,6 +1093,30 @@ def fixed_facts(facts: PrecisionFacts, fix: Fix) -> PrecisionFacts:
     )
 
 
+def facts_with_fix(facts: PrecisionFacts, fix: Fix) -> PrecisionFacts:
+    """The facts of the command once ``fix`` is applied whole: its flags (KV,
+    model, indexer and drafter dtypes, indexer CP, context length, skips)
+    and its variables (AITER's two and the mixed-pool opt-in)."""
+    fixed = fixed_facts(facts, fix)
+    flags, env = dict(fix.flags), fix.env_map
+    platform = fixed.platform
+    if AITER_ENV in env:
+        platform = replace(platform, aiter_enabled=env[AITER_ENV] == "1")
+    if SHUFFLE_KV_ENV in env:
+        platform = replace(platform, shuffle_kv_cache_layout=env[SHUFFLE_KV_ENV] == "1")
+    return replace(
+        fixed,
+        platform=platform,
+        indexer_kv_dtype=flags.get(INDEXER_KV_DTYPE_FLAG, fixed.indexer_kv_dtype),
+        indexer_cp=flags.get(INDEXER_CP_FLAG, str(fixed.indexer_cp)).lower() == "true",
+        max_model_len=int(flags.get(MAX_MODEL_LEN_FLAG, fixed.max_model_len)),
+        draft_kv_cache_dtype=flags.get(
+            DRAFT_KV_CACHE_DTYPE_FLAG, fixed.draft_kv_cache_dtype
+        ),
+        allow_mixed=env.get(ALLOW_MIXED_ENV, "1" if fixed.allow_mixed else "0") == "1",
+    )
+
+
 def _with_skipped_layers_dropped(facts: PrecisionFacts, verdict: Verdict) -> Verdict:
     """A refusal whose fixes would quantize the main cache also drops the skip
     list that would leave some layers unquantized beside it."""

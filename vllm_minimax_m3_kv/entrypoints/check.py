@@ -58,6 +58,8 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     PrecisionFacts,
     Verdict,
     bf16_pool_vllm_cannot_build,
+    decide,
+    facts_with_fix,
     stock_pool,
 )
 from vllm_minimax_m3_kv.entrypoints.check_commands import (
@@ -621,8 +623,8 @@ class Plan:
             ),
             (
                 "token capacity vs stock",
-                f"{self.token_capacity_vs_stock:.2f}x "
-                f"(stock vLLM 0.33: {self.stock_bytes_per_token_total:,} bytes/token)",
+                f"{self.token_capacity_vs_stock:.2f}x (stock vLLM 0.33 running "
+                f"this command: {self.stock_bytes_per_token_total:,} bytes/token)",
             ),
         ]
         if self.executor_note:
@@ -730,6 +732,20 @@ def plan_for(args: argparse.Namespace) -> Plan:
         **sizes,
         indexer_kv_dtype=STOCK_INDEXER_DEFAULT if requested == "auto" else requested,
     )
+
+    def capacity(fix: Fix) -> float:
+        """KV tokens with ``fix`` applied, against stock running this command."""
+        after = facts_with_fix(facts, fix)
+        indexer = decide(after).indexer_kv_dtype
+        with_fix = kv_bytes_per_token(
+            model_config=model_config,
+            kv_cache_dtype=after.kv_cache_dtype,
+            tensor_parallel_size=after.tensor_parallel_size,
+            unquantized_layers=len(after.unquantized_dense_layers),
+            indexer_kv_dtype=STOCK_INDEXER_DEFAULT if indexer == "auto" else indexer,
+        )
+        return round(stock.total / with_fix.total, 4)
+
     # Both caches bf16 (unchanged) is uniform too, even where vLLM cannot
     # build it; only MIXED and the plugin's refusals are not.
     uniform = unbuildable is not None or verdict.outcome not in (
@@ -760,7 +776,10 @@ def plan_for(args: argparse.Namespace) -> Plan:
         executor_note=executor_note,
         kv_cache_dtype_source=_kv_source(facts),
         not_judged=not_judged,
-        fixes=[fix_as_json(fix) for fix in verdict.fixes],
+        fixes=[
+            {**fix_as_json(fix), "token_capacity_vs_stock": capacity(fix)}
+            for fix in verdict.fixes
+        ],
         versions=versions_line(),
         fp8_indexer=verdict.fp8_indexer or "",
         fp8_format=_fp8_format(facts),

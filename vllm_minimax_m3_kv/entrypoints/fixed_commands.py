@@ -120,4 +120,9 @@ def fixed_command(
     words = [f"{name}={shlex.quote(value)}" for name, value in variables.items()]
     words += [*SERVE, *map(shlex.quote, apply_fix(argv, fix, arity))]
     notes = [fix["summary"], *(f"needs {need}" for need in fix.get("requires", ()))]
+    if "token_capacity_vs_stock" in fix:
+        notes.append(
+            f"{fix['token_capacity_vs_stock']:.2f}x the KV tokens of this command "
+            "on stock vLLM 0.33"
+        )
     return f"{' '.join(words)}  # {'; '.join(notes)}"
