@@ -142,10 +142,9 @@ def test_mi355x_recipe_passes_with_bundled_config(basic):
     assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
 
 
-def test_public_mi355x_recipe_passes_on_vllms_triton_indexer(basic):
-    # AITER unset, as the public MI355X recipe runs: fp8 on vLLM's Triton
-    # indexer, with the same capacity as the AITER recipe.
-    result = basic[1]
+def assert_triton_fp8_recipe(result: dict) -> dict:
+    """An fp8 recipe at TP 8 that starts on vLLM's Triton indexer: fp8
+    inherited, uniform, no zeroer, the 1.32x of the full model; its plan."""
     assert result["exit"] == 0, result
     plan = result["plan"]
     assert plan["indexer_kv_dtype"] == "fp8" and plan["indexer_inherited"]
@@ -153,20 +152,20 @@ def test_public_mi355x_recipe_passes_on_vllms_triton_indexer(basic):
     assert plan["uniform_precision"] and plan["kv_block_zeroer"] == "not built"
     assert plan["bytes_per_token_total"] == 22656
     assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
+    return plan
+
+
+def test_public_mi355x_recipe_passes_on_vllms_triton_indexer(basic):
+    # AITER unset, as the public MI355X recipe runs: fp8 on vLLM's Triton
+    # indexer, with the same capacity as the AITER recipe.
+    assert_triton_fp8_recipe(basic[1])
     assert basic[0]["plan"]["fp8_indexer"] == "the AITER MSA indexer"
 
 
 def test_mi300x_fp8_kv_command_runs_uniform_on_an_fnuz_index_cache(basic):
     # gfx942: vLLM's Triton indexer on an e4m3fnuz index cache, the plugin's
     # fnuz writer filling it; the capacity of the MI355X recipes.
-    result = basic[15]
-    assert result["exit"] == 0, result
-    plan = result["plan"]
-    assert plan["indexer_kv_dtype"] == "fp8" and plan["indexer_inherited"]
-    assert plan["fp8_indexer"] == "vLLM's Triton indexer"
-    assert plan["uniform_precision"] and plan["kv_block_zeroer"] == "not built"
-    assert plan["bytes_per_token_total"] == 22656
-    assert plan["token_capacity_vs_stock"] == pytest.approx(1.322, abs=1e-3)
+    plan = assert_triton_fp8_recipe(basic[15])
     # The plan names the bytes: fnuz on gfx942; OCP e4m3fn goes unsaid.
     assert plan["fp8_format"] == "e4m3fnuz" and basic[1]["plan"]["fp8_format"] == ""
     from vllm_minimax_m3_kv.entrypoints.check import Plan
