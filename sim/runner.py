@@ -54,7 +54,7 @@ def _listen_to_the_plugin(args: Any) -> None:
 def _pool_layers(vllm_config: Any) -> dict[str, list[int]]:
     """Which layers the plugin's facts say hold what (to compare with the
     specs vLLM's layers return)."""
-    from vllm_minimax_m3_kv.model_executor.models.config import live_facts
+    from vllm_minimax_m3_kv.config.facts import live_facts
 
     facts = live_facts(vllm_config)
     return {

@@ -8,15 +8,11 @@ model or kernel code and never touches the GPU. What it changes is listed in
 
 from __future__ import annotations
 
-import logging
-
 __all__ = ["register"]
 
 _registered: bool | None = None
 _applied: tuple[str, ...] = ()
 """The registry entries this process applied (``patches.PATCHES`` names)."""
-_pending_announcement: list[str] = []
-"""Lines register() could not log yet (vLLM's logging not configured)."""
 
 
 def register() -> None:
@@ -25,7 +21,7 @@ def register() -> None:
     if _registered is not None:
         return
     from vllm_minimax_m3_kv import patches
-    from vllm_minimax_m3_kv._log import get_logger
+    from vllm_minimax_m3_kv._log import get_logger, info_when_vllm_logs
     from vllm_minimax_m3_kv._versions import SUPPORTED_VLLM_INSTALL
 
     logger = get_logger(__name__)
@@ -48,7 +44,6 @@ def register() -> None:
         applied.append(patch.name)
     _applied = tuple(applied)
     _registered = True
-    # INFO, so an operator can grep a server log for it (once per process).
     lines = [f"vllm-minimax-m3-kv active: {', '.join(applied)}"]
     if left_to_vllm:
         lines.append(
@@ -56,22 +51,6 @@ def register() -> None:
             "those entries stay out, and VLLM_MINIMAX_M3_KV_ALLOW_MIXED cannot "
             "reopen what vLLM refuses."
         )
-    # vllm serve's API server loads plugins while parsing its flags, before
-    # vLLM configures logging (in create_engine_config): an INFO line logged
-    # now would be dropped there, so the config hook logs it instead.
-    if logging.getLogger("vllm").hasHandlers():
-        for line in lines:
-            logger.info(line)
-    else:
-        _pending_announcement.extend(lines)
-
-
-def announce_if_pending() -> None:
-    """Log what register() could not, once vLLM's logging is configured."""
-    if not _pending_announcement or not logging.getLogger("vllm").hasHandlers():
-        return
-    from vllm_minimax_m3_kv._log import get_logger
-
-    logger = get_logger(__name__)
-    while _pending_announcement:
-        logger.info(_pending_announcement.pop(0))
+    # INFO, so an operator can grep a server log for it (once per process);
+    # held until vLLM's logging is configured, which the config hook sees.
+    info_when_vllm_logs(__name__, lines)

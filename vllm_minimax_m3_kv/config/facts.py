@@ -38,7 +38,7 @@ from vllm_minimax_m3_kv.config.kv_cache_dtype import (
 from vllm_minimax_m3_kv.envs import allow_mixed_from_env
 
 if TYPE_CHECKING:
-    from vllm.config import AttentionConfig, CacheConfig, ModelConfig
+    from vllm.config import AttentionConfig, CacheConfig, ModelConfig, VllmConfig
 
 MINIMAX_M3_ARCHITECTURES = (
     "MiniMaxM3SparseForConditionalGeneration",
@@ -389,6 +389,20 @@ def precision_facts(
         allow_mixed=allow_mixed_from_env(),
         draft_kv_cache_dtype=draft_kv_cache_dtype(speculative_config),
         layers=layers,
+    )
+
+
+def live_facts(vllm_config: VllmConfig) -> PrecisionFacts:
+    """The policy's facts for this engine config, on this process's platform."""
+    parallel = vllm_config.parallel_config
+    return precision_facts(
+        live_platform_facts(),
+        model_config=vllm_config.model_config,
+        cache_config=vllm_config.cache_config,
+        attention_config=vllm_config.attention_config,
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        pipeline_parallel_size=parallel.pipeline_parallel_size,
+        speculative_config=vllm_config.speculative_config,
     )
 
 

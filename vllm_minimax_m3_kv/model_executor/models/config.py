@@ -9,11 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_minimax_m3_kv.config.facts import (
-    live_platform_facts,
-    precision_facts,
-    record_judgement,
-)
+from vllm_minimax_m3_kv.config.facts import live_facts, record_judgement
 from vllm_minimax_m3_kv.config.indexer_precision import (
     Outcome,
     PrecisionFacts,
@@ -34,26 +30,11 @@ class IndexerPrecisionError(ValueError):
         self.verdict = verdict
 
 
-def live_facts(vllm_config: VllmConfig) -> PrecisionFacts:
-    """The policy's facts for this engine config, on this process's platform."""
-    parallel = vllm_config.parallel_config
-    return precision_facts(
-        live_platform_facts(),
-        model_config=vllm_config.model_config,
-        cache_config=vllm_config.cache_config,
-        attention_config=vllm_config.attention_config,
-        tensor_parallel_size=parallel.tensor_parallel_size,
-        pipeline_parallel_size=parallel.pipeline_parallel_size,
-        speculative_config=vllm_config.speculative_config,
-    )
-
-
 def apply_indexer_precision(vllm_config: VllmConfig) -> None:
     """Resolve ``auto`` to fp8 where it makes the pool uniform, else raise."""
-    from vllm_minimax_m3_kv import announce_if_pending
-    from vllm_minimax_m3_kv._log import get_logger
+    from vllm_minimax_m3_kv._log import get_logger, log_pending_info
 
-    announce_if_pending()
+    log_pending_info()  # register()'s line, now that vLLM logs
     if vllm_config.model_config is None:
         return
     facts = live_facts(vllm_config)

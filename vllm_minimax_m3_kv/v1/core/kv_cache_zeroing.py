@@ -79,8 +79,8 @@ def predicted_pool(vllm_config: VllmConfig) -> str | None:
     The same :func:`decide` on the same facts: after the hook, the config
     holds what it resolved, so the decision reads it back unchanged.
     """
+    from vllm_minimax_m3_kv.config.facts import live_facts
     from vllm_minimax_m3_kv.config.indexer_precision import Outcome, decide
-    from vllm_minimax_m3_kv.model_executor.models.config import live_facts
 
     facts = live_facts(vllm_config)
     verdict = decide(facts)
