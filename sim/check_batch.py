@@ -1,34 +1,25 @@
 """Run ``vllm-minimax-m3-kv check`` for many argv lists in one process.
 
 ``python -m sim.check_batch cases.json --out out.json``; each case is
-``{"argv": [...], "env": {...}}``, each result ``{"exit": int, "plan": {...}}``.
+``{"argv": [...], "env": {...}}``, each result ``{"exit": int, "plan": {...}}``
+(``plan`` null where check gave none) and ``"stderr"``, as check prints it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-from vllm_minimax_m3_kv.entrypoints.check import main
+from vllm_minimax_m3_kv.entrypoints.check.main import stderr_text
+from vllm_minimax_m3_kv.entrypoints.check.run import run_check
 
 
 def run(case: dict) -> dict:
-    saved = dict(os.environ)
-    os.environ.update(case.get("env", {}))
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([*case["argv"], "--json"])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    text = out.getvalue()
-    plan = json.loads(text[text.index("{") :]) if "{" in text else None
-    return {"exit": code, "plan": plan, "stderr": err.getvalue()[-2000:]}
+    result = run_check(case["argv"], env=case.get("env", {}))
+    plan = None if result.plan is None else asdict(result.plan)
+    return {"exit": result.exit, "plan": plan, "stderr": stderr_text(result)}
 
 
 if __name__ == "__main__":

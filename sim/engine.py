@@ -59,7 +59,7 @@ def environment(changes: dict[str, str | None]):
 
 def unwrap(error: BaseException) -> BaseException:
     """The exception a config validator raised, out of pydantic's wrapper."""
-    from vllm_minimax_m3_kv.entrypoints.check import validation_cause
+    from vllm_minimax_m3_kv.entrypoints.check.judge import validation_cause
 
     return validation_cause(error)
 

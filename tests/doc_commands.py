@@ -39,12 +39,16 @@ def _help_of_module(module: str) -> str:
 def check_one(case: list[str]) -> str | None:
     kind, *args = case
     if kind == "check":
-        from vllm_minimax_m3_kv.entrypoints import check
+        from vllm_minimax_m3_kv.entrypoints.check.arguments import (
+            CheckUsageError,
+            build_parser,
+        )
+        from vllm_minimax_m3_kv.entrypoints.check.early import judge_without_vllm
 
         try:
-            check.judge_without_vllm(args)
-            check.build_parser().parse_args(args)
-        except check._UsageError as error:
+            judge_without_vllm(args)
+            build_parser().parse_args(args)
+        except CheckUsageError as error:
             return f"check {args}: {error}"
         return None
     if kind == "serve":

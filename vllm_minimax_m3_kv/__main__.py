@@ -1,5 +1,5 @@
 """``python -m vllm_minimax_m3_kv [check] ...``: the offline preflight."""
 
-from vllm_minimax_m3_kv.entrypoints.check import entry
+from vllm_minimax_m3_kv.entrypoints.cli.main import entry
 
 entry()

@@ -17,11 +17,13 @@ def main() -> None:
     from vllm.config.cache import KV_CACHE_DTYPES
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_minimax_m3_kv.entrypoints.check import (
+    from vllm_minimax_m3_kv.entrypoints.check.arguments import (
         build_parser,
+        own_flag_names,
+    )
+    from vllm_minimax_m3_kv.entrypoints.check.early import (
         bundled_model_path,
         known_bad_flag,
-        own_flag_names,
         vllm_kv_cache_dtypes,
     )
     from vllm_minimax_m3_kv.entrypoints.serve_flags import (

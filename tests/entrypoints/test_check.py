@@ -168,7 +168,7 @@ def test_mi300x_fp8_kv_command_runs_uniform_on_an_fnuz_index_cache(basic):
     plan = assert_triton_fp8_recipe(basic[15])
     # The plan names the bytes: fnuz on gfx942; OCP e4m3fn goes unsaid.
     assert plan["fp8_format"] == "e4m3fnuz" and basic[1]["plan"]["fp8_format"] == ""
-    from vllm_minimax_m3_kv.entrypoints.check import Plan
+    from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 
     rows = Plan(**plan).render().splitlines()
     assert "main KV dtype            fp8 (e4m3fnuz)" in rows
@@ -185,9 +185,13 @@ def test_a_bf16_pool_vllm_cannot_build_is_reported_with_vllms_reason(basic):
     result = basic[14]
     assert result["exit"] == 2, result
     plan = result["plan"]
-    assert plan["message"].startswith(
-        "vLLM 0.33 fails to build this MiniMax-M3 KV pool at model build: AITER "
-        "sparse paged attention serves more than one KV head per rank"
+    first, because = plan["message"].splitlines()[:2]
+    assert first.startswith(
+        "vLLM 0.33 fails to build this MiniMax-M3 KV pool at model build: "
+    )
+    assert first.endswith("on ROCm gfx950 (MI355X), both caches bf16.")
+    assert because.startswith(
+        "Because AITER sparse paged attention serves more than one KV head per rank"
     )
     assert plan["uniform_precision"] and plan["indexer_kv_dtype"] == "bf16"
     by_summary = {fix["summary"]: fix for fix in plan["fixes"]}
@@ -230,7 +234,7 @@ def test_non_bf16_non_fp8_main_caches_are_refused_with_fixes(basic):
     assert "--dtype bfloat16 --kv-cache-dtype auto" in float16["plan"]["message"]
     assert fixed["exit"] == 0 and fixed["plan"]["uniform_precision"]
     # A plan says what "auto" stores, not "auto" (#38, item 6).
-    from vllm_minimax_m3_kv.entrypoints.check import Plan
+    from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 
     for result, stored in ((fixed, "bf16"), (float16, "float16")):
         assert result["plan"]["kv_cache_dtype"] == "auto"  # JSON keeps the flag
@@ -284,7 +288,7 @@ def test_each_fix_says_its_capacity_against_the_command_as_typed(basic):
     assert bf16["command"].endswith(
         "# main cache bf16; 0.66x the KV tokens of this command on stock vLLM 0.33"
     )
-    from vllm_minimax_m3_kv.entrypoints.check import Plan
+    from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 
     assert (
         "token capacity vs stock  1.00x (stock vLLM 0.33 running this command: "
@@ -636,7 +640,7 @@ def _without_importing_vllm(*argv: str, python: str = sys.executable) -> dict:
     """Run check's main in a fresh interpreter; report what it imported."""
     code = (
         "import contextlib, io, json, sys\n"
-        "from vllm_minimax_m3_kv.entrypoints.check import main\n"
+        "from vllm_minimax_m3_kv.entrypoints.cli.main import main\n"
         "out, err = io.StringIO(), io.StringIO()\n"
         "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
         f"    code = main({list(argv)!r})\n"
@@ -812,3 +816,46 @@ def test_check_accepts_and_refuses_what_vllm_serve_does(scenario_runner):
     assert verdicts["recipe"] == (True, True) and verdicts["bf16"] == (True, True)
     assert verdicts["tp3"] == (False, False)
     assert verdicts["bf16_tp2"] == (False, False)
+
+
+def test_the_plan_shows_the_mtp_drafter_and_pipeline_stages_that_differ():
+    # #38 item 6: a drafter refusal is about the drafter's main cache, and a
+    # stage holding another pool than the first says so.
+    mtp = '{"method":"mtp","num_speculative_tokens":1,"kv_cache_dtype":"auto"}'
+    fp8_b300 = ["--target", "b300", "--kv-cache-dtype", "fp8"]
+    skip_layer_0 = ["--kv-cache-dtype-skip-layers", "0"]
+    drafter, stages, same_stages = run_checks(
+        [
+            {"argv": [*fp8_b300, "-tp", "8", "--speculative-config", mtp]},
+            {
+                "argv": [*fp8_b300, "-tp", "4", "-pp", "2", *skip_layer_0],
+                "env": {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
+            },
+            {"argv": [*fp8_b300, "-tp", "4", "-pp", "2"]},
+        ]
+    )
+    from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
+
+    assert drafter["exit"] == 2
+    plan = Plan(**drafter["plan"])
+    assert plan.drafter == (
+        "main KV bfloat16 (speculative_config.kv_cache_dtype auto: the model "
+        "dtype), index cache fp8 (the target's indexer)"
+    )
+    # The target's own pool, not stock's: the drafter is what is refused.
+    assert plan.indexer_kv_dtype == "fp8" and plan.bytes_per_token_total == 22_656
+    assert "MTP drafter              main KV bfloat16" in plan.render()
+    assert stages["exit"] == 3
+    rows = [
+        line
+        for line in Plan(**stages["plan"]).render().splitlines()
+        if line.startswith("PP stage")
+    ]
+    assert rows == [
+        "PP stage 0 of 2          layers 0-29: main bfloat16 + fp8; index cache "
+        "fp8 on 27 layers",
+        "PP stage 1 of 2          layers 30-59: main fp8; index cache fp8 on 30 layers",
+    ]
+    assert same_stages["exit"] == 0
+    uniform = Plan(**same_stages["plan"])
+    assert len(uniform.pipeline_stages) == 2 and "PP stage" not in uniform.render()

@@ -10,12 +10,14 @@ import re
 import pytest
 
 from sim.process import REPO, run_python
-from vllm_minimax_m3_kv.entrypoints.check_commands import (
+from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     EXIT_MIXED,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_UNJUDGED,
     EXIT_USAGE,
+)
+from vllm_minimax_m3_kv.entrypoints.check.batch import (
     CommandLine,
     Row,
     command_lines,

@@ -266,7 +266,7 @@ HERE_ON_A_NODE = """
 import contextlib, io, json, os, sys
 from sim.hardware import simulate
 simulate("mi355x", sys.argv[1])  # this node's GPU, and its aiter package
-from vllm_minimax_m3_kv.entrypoints.check import main
+from vllm_minimax_m3_kv.entrypoints.check.main import main
 os.environ.update({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"})
 codes = {}
 for target in ("here", "mi355x"):
@@ -315,17 +315,20 @@ def test_target_here_judges_this_nodes_aiter(aiter):
 )
 def test_only_target_here_keeps_vllms_own_platform(argv, here):
     # A named target is judged on vLLM's CPU platform; here on the node's.
-    from vllm_minimax_m3_kv.entrypoints.check import judges_this_machine
+    from vllm_minimax_m3_kv.entrypoints.check.early import judges_this_machine
 
     assert judges_this_machine(argv) is here
 
 
 def test_a_mistyped_target_gets_the_nearest_name():
-    from vllm_minimax_m3_kv.entrypoints.check import _UsageError, judge_without_vllm
+    from vllm_minimax_m3_kv.entrypoints.check.arguments import CheckUsageError
+    from vllm_minimax_m3_kv.entrypoints.check.early import judge_without_vllm
 
-    with pytest.raises(_UsageError, match=r"'mi35x' \(did you mean mi355x\?\); one of"):
+    with pytest.raises(
+        CheckUsageError, match=r"'mi35x' \(did you mean mi355x\?\); one of"
+    ):
         judge_without_vllm(["--target", "mi35x"])
-    with pytest.raises(_UsageError) as far_off:
+    with pytest.raises(CheckUsageError) as far_off:
         judge_without_vllm(["--target", "nosuch"])
     assert "did you mean" not in str(far_off.value)
     assert "mi355x, mi350x" in str(far_off.value)

@@ -16,8 +16,8 @@ import shlex
 import pytest
 
 from tests.entrypoints.test_check import AITER_ON, run_checks
-from vllm_minimax_m3_kv.entrypoints.check_commands import split_command
-from vllm_minimax_m3_kv.entrypoints.fixed_commands import apply_fix, fixed_command
+from vllm_minimax_m3_kv.entrypoints.check.batch import split_command
+from vllm_minimax_m3_kv.entrypoints.check.fixed_commands import apply_fix, fixed_command
 
 MTP_AUTO = '{"method":"mtp","num_speculative_tokens":1,"kv_cache_dtype":"auto"}'
 FP8_TP8 = ["--kv-cache-dtype", "fp8", "-tp", "8"]

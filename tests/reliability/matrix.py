@@ -251,7 +251,7 @@ def vllm_kv_cache_dtypes() -> tuple[str, ...]:
         from vllm.config.cache import KV_CACHE_DTYPES
 
         return tuple(KV_CACHE_DTYPES)
-    from vllm_minimax_m3_kv.entrypoints.check import (
+    from vllm_minimax_m3_kv.entrypoints.check.early import (
         vllm_kv_cache_dtypes as from_source,
     )
 

@@ -32,7 +32,7 @@ def main() -> None:
         get_kv_quant_mode,
     )
 
-    from vllm_minimax_m3_kv.entrypoints.check import bundled_model_path
+    from vllm_minimax_m3_kv.entrypoints.check.early import bundled_model_path
 
     # Any bf16 checkpoint gives the model dtype "auto" resolves to.
     model_config = ModelConfig(bundled_model_path(), skip_tokenizer_init=True)

@@ -70,7 +70,10 @@ def mistyped_flag(words: list[str], own: list[str]) -> str | None:
 def main() -> None:
     # vLLM's serve parser builds on its CPU platform on any machine, as check's.
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    from vllm_minimax_m3_kv.entrypoints.check import build_parser, own_flag_names
+    from vllm_minimax_m3_kv.entrypoints.check.arguments import (
+        build_parser,
+        own_flag_names,
+    )
 
     path = Path(str(resources.files("vllm_minimax_m3_kv") / "data" / _DATA))
     own = own_flag_names()

@@ -12,21 +12,21 @@ command starts uniform but some line could not be judged.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import shlex
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
-PROG = "vllm-minimax-m3-kv check"
-EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3
-EXIT_UNJUDGED = 4
-"""``--commands``: some line could not be judged; every judged one starts uniform."""
+from vllm_minimax_m3_kv.entrypoints.check.arguments import (
+    EXIT_MIXED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNJUDGED,
+    EXIT_USAGE,
+    PROG,
+)
+from vllm_minimax_m3_kv.entrypoints.check.run import run_check
 
 _SEVERITY = {EXIT_OK: 0, EXIT_MIXED: 1, EXIT_REFUSED: 2}
 
@@ -94,38 +94,25 @@ class Row:
         return self.exit in _SEVERITY
 
 
-def judge_line(
-    command: CommandLine, target: str, judge: Callable[[list[str]], int]
-) -> Row:
-    """``judge`` is check's ``main``: one command's row, whatever happens."""
+def judge_line(command: CommandLine, target: str) -> Row:
+    """One command's row, whatever happens."""
     try:
         env, words = split_command(command.text)
     except ValueError as error:
         return Row(command.number, None, "not judged", why=f"unreadable: {error}")
-    saved = dict(os.environ)
-    os.environ.update(env)
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = judge([*words, "--target", target, "--json"])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    text = out.getvalue()
-    if code not in _SEVERITY or "{" not in text:
-        why = (err.getvalue().strip().splitlines() or ["no plan"])[-1]
-        return Row(
-            command.number, code, "not judged", why=why.removeprefix(f"{PROG}: ")
-        )
-    plan: dict[str, Any] = json.loads(text[text.index("{") :])
+    result = run_check([*words, "--target", target], env=env)
+    plan = result.plan
+    if plan is None or result.exit not in _SEVERITY:
+        why = result.usage_error or "no plan"
+        return Row(command.number, result.exit, "not judged", why=why)
     return Row(
         command.number,
-        code,
-        plan["outcome"],
-        plan["kv_cache_dtype"],
-        plan["indexer_kv_dtype"],
-        why=plan["message"].splitlines()[0] if code != EXIT_OK else "",
-        fixes=[fix.get("command", fix["line"]) for fix in plan.get("fixes", [])],
+        result.exit,
+        plan.outcome,
+        plan.kv_cache_dtype,
+        plan.indexer_kv_dtype,
+        why=plan.message.splitlines()[0] if result.exit != EXIT_OK else "",
+        fixes=[fix.get("command", fix["line"]) for fix in plan.fixes],
     )
 
 
@@ -161,15 +148,13 @@ def render(rows: list[Row]) -> str:
     return "\n".join(table)
 
 
-def check_commands(
-    path: Path, target: str, judge: Callable[[list[str]], int], as_json: bool
-) -> int:
+def check_commands(path: Path, target: str, as_json: bool) -> int:
     """Judge every command of ``path`` for ``target``; print the rows."""
     commands = command_lines(path.read_text(encoding="utf-8", errors="replace"))
     if not commands:
         print(f"{PROG}: --commands {path}: no command in the file", file=sys.stderr)
         return EXIT_USAGE
-    rows = [judge_line(command, target, judge) for command in commands]
+    rows = [judge_line(command, target) for command in commands]
     code = exit_code(rows)
     if as_json:
         print(

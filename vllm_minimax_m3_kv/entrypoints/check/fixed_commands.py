@@ -13,10 +13,23 @@ goes with all its values.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from vllm_minimax_m3_kv.config.indexer_precision import (
+    AITER_ENV,
+    ALLOW_MIXED_ENV,
+    SHUFFLE_KV_ENV,
+)
+from vllm_minimax_m3_kv.entrypoints.check.arguments import own_parser
+from vllm_minimax_m3_kv.entrypoints.check.early import BUNDLED_HUB_ID, model_argument
+
+if TYPE_CHECKING:
+    from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 
 SERVE = ("vllm", "serve")
 
@@ -126,3 +139,32 @@ def fixed_command(
             "on stock vLLM 0.33"
         )
     return f"{' '.join(words)}  # {'; '.join(notes)}"
+
+
+_COMMAND_ENV = (AITER_ENV, SHUFFLE_KV_ENV, ALLOW_MIXED_ENV)
+"""The variables check reads: a fixed command carries the ones that are set."""
+
+
+def with_fixed_commands(
+    plan: Plan, argv: list[str], parser: argparse.ArgumentParser
+) -> None:
+    """Give each fix of ``plan`` its ``command``: the user's own ``vllm
+    serve`` command (check's flags left out) with that fix applied."""
+    if not plan.fixes:
+        return
+    _, serve_words = own_parser().parse_known_args(argv)
+    if model_argument(serve_words) is None:
+        # The bundled config stands for the published checkpoint.
+        serve_words = [BUNDLED_HUB_ID, *serve_words]
+    env = {name: os.environ[name] for name in _COMMAND_ENV if name in os.environ}
+    table = parser._option_string_actions
+
+    def arity(flag: str) -> int | None:
+        action = table.get(flag)
+        nargs = None if action is None else action.nargs
+        if action is None or nargs is None:
+            return 1
+        return nargs if isinstance(nargs, int) else None
+
+    for fix in plan.fixes:
+        fix["command"] = fixed_command(serve_words, env, fix, arity)

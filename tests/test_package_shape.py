@@ -1,0 +1,136 @@
+"""The package's shape: no import cycles, lazy imports included, and
+``check`` split into modules small enough to read whole."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from sim.process import REPO
+
+PACKAGE = "vllm_minimax_m3_kv"
+CHECK_MODULE_MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in (REPO / PACKAGE).rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imported(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules ``module`` imports anywhere in its source, at
+    module level or inside a function (``from p import m`` names module ``m``
+    when it is one, else ``p``)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                named = f"{base}.{alias.name}"
+                found.add(named if named in modules else base)
+    return {name for name in found if name in modules and name != module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imported(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_lazy_imports_included():
+    # A package's __init__ runs before its submodules by Python's rules; the
+    # edges here are the imports each module itself writes.
+    graph = import_graph()
+    assert f"{PACKAGE}.entrypoints.check.run" in graph
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_lazy_cycle():
+    graph = import_graph()
+    # The cycle this package had: serve_flags' generator imported check's
+    # parser lazily while check imported serve_flags.
+    graph[f"{PACKAGE}.entrypoints.check.arguments"].add(
+        f"{PACKAGE}.entrypoints.serve_flags"
+    )
+    graph[f"{PACKAGE}.entrypoints.serve_flags"].add(
+        f"{PACKAGE}.entrypoints.check.arguments"
+    )
+    assert cycles(graph)
+
+
+def test_check_is_split_into_modules_small_enough_to_read_whole():
+    folder = REPO / PACKAGE / "entrypoints" / "check"
+    sizes = {
+        path.name: len(path.read_text(encoding="utf-8").splitlines())
+        for path in folder.glob("*.py")
+    }
+    assert {
+        "arguments.py",
+        "early.py",
+        "judge.py",
+        "plan.py",
+        "pool.py",
+        "run.py",
+    } <= set(sizes)
+    assert max(sizes.values()) <= CHECK_MODULE_MAX_LINES, sizes
+    # Importing one part never imports the others.
+    init = ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))
+    assert not [n for n in init.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def test_batch_and_the_simulation_harness_judge_through_run_check():
+    # A result object, not a verdict parsed back out of printed JSON.
+    for path in (
+        REPO / PACKAGE / "entrypoints" / "check" / "batch.py",
+        REPO / "sim" / "check_batch.py",
+    ):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        called = {
+            node.func.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        assert "run_check" in called and "main" not in called, path
+        assert "redirect_stdout" not in ast.unparse(tree), path
