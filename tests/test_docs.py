@@ -17,7 +17,7 @@ import pytest
 
 from sim.process import REPO, json_from_stdout
 from vllm_minimax_m3_kv.config import indexer_precision as policy
-from vllm_minimax_m3_kv.entrypoints.check import vllm_kv_cache_dtypes
+from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PACKAGE = REPO / "vllm_minimax_m3_kv"
@@ -142,6 +142,8 @@ def _policy_messages() -> list[str]:
                 f"MiniMax-M3 {verdict.reason}.",
                 *verdict.notes,
             ]
+            if (unbuildable := policy.bf16_pool_vllm_cannot_build(facts)) is not None:
+                messages.append(unbuildable.message)
     return messages
 
 
@@ -210,6 +212,29 @@ def test_every_fix_line_pastes_into_bash(tmp_path):
             ["bash", "-n", str(script)], capture_output=True, text=True
         )
         assert proc.returncode == 0, (line, proc.stderr)
+
+
+REFUSAL_STARTS = ("MiniMax-M3 KV precision:", policy.VLLM_CANNOT_BUILD)
+
+
+def test_a_refusal_says_what_where_and_why_in_one_short_first_line():
+    """The first line of every refusal decide() (or check's bf16 build
+    report) can print is one sentence under about 200 characters; causes
+    follow on their own lines, and the mixed-pool hazard, with its docs link,
+    once on its own line where the pool would be mixed."""
+    refusals = {m for m in _policy_messages() if m.startswith(REFUSAL_STARTS)}
+    assert len(refusals) > 1000
+    hazard = policy.MIXED_POOL_HAZARD
+    assert "(docs/mixed-pools.md)" in hazard
+    with_hazard = 0
+    for message in refusals:
+        first, *rest = message.split("Fix with one of:")[0].strip().splitlines()
+        assert len(first) <= 200 and first.endswith("."), first
+        assert hazard not in first and message.count(hazard) <= 1, message
+        if hazard in message:
+            with_hazard += 1
+            assert hazard in rest, message
+    assert 0 < with_hazard < len(refusals)
 
 
 def test_reliability_figures_are_the_codes():

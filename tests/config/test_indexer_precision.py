@@ -9,6 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
+    MIXED_POOL_HAZARD,
     MSA_MAX_BLOCKS_PER_ROW,
     Fix,
     Outcome,
@@ -21,7 +22,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     facts_with_fix,
     fixed_facts,
 )
-from vllm_minimax_m3_kv.entrypoints.check import vllm_kv_cache_dtypes
+from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
 
 MI355X = PlatformFacts(
     "ROCm gfx950 (MI355X)",
@@ -217,7 +218,7 @@ def test_drafter_kv_dtype_shares_the_pool_and_every_fix_moves_it_along():
     assert (same.outcome, same.indexer_kv_dtype) == (Outcome.INHERITED, "fp8")
     bf16_drafter = decide(facts(draft_kv_cache_dtype="bfloat16"))
     assert bf16_drafter.outcome is Outcome.ERROR
-    assert "MTP drafter's own KV cache" in bf16_drafter.reason
+    assert "the MTP drafter would cache bfloat16" in bf16_drafter.reason
     assert bf16_drafter.fixes[0].flags == (
         ("--speculative-config.kv_cache_dtype", "fp8"),
     )
@@ -440,9 +441,8 @@ def test_a_skipped_dense_layer_beside_fp8_is_refused_with_fixes_that_start():
     skip = dataclasses.replace(PUBLISHED, skip_requested=frozenset({0}))
     verdict = decide(facts(layers=skip, tensor_parallel_size=8))
     assert verdict.outcome is Outcome.ERROR
-    assert (
-        "--kv-cache-dtype-skip-layers keeps layer 0 at bfloat16 beside "
-        "fp8_e4m3 main caches elsewhere" in verdict.reason
+    assert verdict.reason.splitlines()[0].endswith(
+        ": --kv-cache-dtype-skip-layers keeps layer 0 at bfloat16 beside fp8_e4m3."
     )
     keep, both_bf16, opt_in = verdict.fixes
     assert keep.without == ("--kv-cache-dtype-skip-layers",) and not keep.flags
@@ -559,9 +559,10 @@ def test_a_non_e4m3_main_cache_is_switched_not_kept():
     assert "fp8 KV cache and fp8 indexer" in labels
     assert not any("keep the fp8 KV cache" in label for label in labels)
     explicit = decide(facts(indexer="bf16")).reason
-    assert "an explicit bf16 indexer would sit beside the fp8 main cache; a pool" in (
-        explicit
+    assert explicit.splitlines()[0].endswith(
+        "an explicit bf16 indexer would sit beside the fp8 main cache."
     )
+    assert explicit.splitlines()[-1] == MIXED_POOL_HAZARD
 
 
 # -- bf16 pools vLLM itself cannot build (check reports them; #38 item 5) -----

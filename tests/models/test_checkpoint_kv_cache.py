@@ -22,7 +22,7 @@ CT_SPARSE_FIRST = {**CT, "model": sim.TINY_CT_FP8_KV_SPARSE_FIRST}
 FP8_INDEXER = {"attention_config": {"indexer_kv_dtype": "fp8"}}
 BF16_INDEXER = {"attention_config": {"indexer_kv_dtype": "bf16"}}
 SOURCE = (
-    "the checkpoint's quantization config declares an fp8 KV cache "
+    "quantization config declares an fp8 KV cache "
     "(compressed-tensors kv_cache_scheme), which vLLM applies to "
     "--kv-cache-dtype auto"
 )

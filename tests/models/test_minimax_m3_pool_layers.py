@@ -171,7 +171,7 @@ def test_skipping_a_sparse_layer_is_ignored_with_one_warning(mi355x):
 
 def test_other_refusals_drop_the_skip_list_from_fixes_that_keep_fp8(mi355x):
     message = plugin_error(mi355x["skip_dense_aiter_off"])
-    assert "also, --kv-cache-dtype-skip-layers keeps layer 1 at bfloat16" in message
+    assert "Also, --kv-cache-dtype-skip-layers keeps layer 1 at bfloat16" in message
     fixes = message.split("Fix with one of:")[1].strip().splitlines()
     keep_fp8 = [fix for fix in fixes if "keep the fp8 KV cache" in fix]
     assert (

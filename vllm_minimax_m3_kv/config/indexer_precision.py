@@ -663,10 +663,12 @@ def fp8_indexers(facts: PrecisionFacts) -> Fp8Indexers:
     )
 
 
-def _kv_origin(facts: PrecisionFacts) -> str:
-    """Where the main cache dtype came from, for messages."""
+def _kv_origin(facts: PrecisionFacts, in_full: bool = False) -> str:
+    """Where the main cache dtype came from: a few words, or ``in_full``."""
     if not facts.kv_from_checkpoint:
         return f"{KV_CACHE_DTYPE_FLAG} {facts.kv_cache_dtype}"
+    if not in_full:
+        return f"the checkpoint's {facts.kv_cache_dtype} KV cache"
     article = "an" if facts.kv_cache_dtype.startswith("fp8") else "a"
     return (
         f"the checkpoint's quantization config declares {article} "
@@ -682,14 +684,35 @@ def _describe(facts: PrecisionFacts) -> str:
     )
 
 
-_MIXED_POOL = (
-    "a pool vLLM 0.33 calls mixed, whose zeroer its scheduler never asks to "
-    "run (docs/mixed-pools.md)"
+MIXED_POOL_HAZARD = (
+    "vLLM 0.33 calls such a pool mixed: every worker builds a KV block zeroer "
+    "its scheduler never asks to run, so reused blocks reach the attention "
+    "kernels as they were (docs/mixed-pools.md)."
 )
+"""Said once, on its own line, by every refusal whose pool would be mixed."""
 
 
 def _why(indexers: Fp8Indexers) -> str:
-    return "; also, ".join(indexers.reasons)
+    return "; and ".join(indexers.reasons)
+
+
+_FIRST_LINE_ROOM = 150
+"""Characters a refusal's first line leaves for what was asked and what
+cannot run (it stays under about 200 with the prefix and a dtype name)."""
+
+_OPT_IN_NEEDS = f"{ALLOW_MIXED_ENV}=1 keeps the bf16 indexer, which needs "
+
+
+def _with_line(reason: str, line: str, mixed_pool: bool = False) -> str:
+    """``reason`` with ``line`` added after its causes, and the mixed-pool
+    hazard last, once, where ``mixed_pool`` (or the reason already has it)."""
+    lines = [part for part in reason.split("\n") if part != MIXED_POOL_HAZARD]
+    # What the opt-in would need stays last, after the hazard it accepts.
+    opt_in = [part for part in lines if part.startswith(_OPT_IN_NEEDS)]
+    lines = [part for part in lines if part not in opt_in] + [line]
+    if mixed_pool or MIXED_POOL_HAZARD in reason:
+        lines.append(MIXED_POOL_HAZARD)
+    return "\n".join(lines + opt_in)
 
 
 def _fp8_fixes(
@@ -802,11 +825,28 @@ def _mixed_fix(facts: PrecisionFacts, bf16_indexer: bool = True) -> Fix | None:
     )
 
 
-def _error(facts: PrecisionFacts, why: str, *fixes: Fix | None) -> Verdict:
+def _error(
+    facts: PrecisionFacts,
+    what: str,
+    *fixes: Fix | None,
+    because: str = "",
+    mixed_pool: bool = False,
+) -> Verdict:
+    """A refusal: first what was asked, where, and what cannot run (one short
+    line), then why, then the mixed-pool hazard where the pool would be mixed."""
+    reason = f"MiniMax-M3 KV precision: {_describe(facts)}: {what}."
+    if facts.kv_from_checkpoint:
+        # The first line names it briefly; here where it came from.
+        origin = _kv_origin(facts, in_full=True)
+        reason = _with_line(reason, f"{origin[0].upper()}{origin[1:]}.")
+    if because:
+        reason = _with_line(reason, f"Because {because}.")
+    if mixed_pool:
+        reason = _with_line(reason, MIXED_POOL_HAZARD)
     return Verdict(
         Outcome.ERROR,
         facts.indexer_kv_dtype,
-        f"MiniMax-M3 KV precision: {_describe(facts)}: {why}.",
+        reason,
         tuple(fix for fix in fixes if fix is not None),
     )
 
@@ -822,9 +862,10 @@ def _fp8_indexer_must_run_here(
         return None
     return _error(
         facts,
-        f"no fp8 indexer can run here, because {_why(indexers)}",
+        "no fp8 indexer can run here",
         *_fp8_fixes(facts, indexers, (KV_CACHE_DTYPE_FLAG, "fp8")),
         _both_bf16_fix(facts),
+        because=_why(indexers),
     )
 
 
@@ -837,9 +878,10 @@ def _fp8_indexer_needs_e4m3_main(
     return _error(
         facts,
         f"the indexer cache would be fp8 e4m3 and the main cache "
-        f"{facts.main_cache_precision}; " + _MIXED_POOL,
+        f"{facts.main_cache_precision}",
         Fix("both caches fp8 e4m3", flags=((KV_CACHE_DTYPE_FLAG, "fp8"),)),
         _both_bf16_fix(facts),
+        mixed_pool=True,
     )
 
 
@@ -870,9 +912,7 @@ def _main_cache_matches_an_indexer(
         return None
     return _error(
         facts,
-        f"the main cache would be {main} and the indexer cache bf16: MiniMax-M3 "
-        "indexers store only bf16 or fp8 e4m3, so no indexer shares this "
-        "precision; " + _MIXED_POOL,
+        f"the main cache would be {main} and the indexer cache bf16",
         *_fp8_fixes(
             facts,
             indexers,
@@ -881,6 +921,9 @@ def _main_cache_matches_an_indexer(
         ),
         _both_bf16_fix(facts),
         _mixed_fix(facts),
+        because="MiniMax-M3 indexers store only bf16 or fp8 e4m3, so no indexer "
+        "shares this precision",
+        mixed_pool=True,
     )
 
 
@@ -891,11 +934,12 @@ def _auto_indexer_needs_an_fp8_indexer(
         return None
     return _error(
         facts,
-        f"the indexer would stay bf16 beside the fp8 main cache, because "
-        f"{_why(indexers)}; " + _MIXED_POOL,
+        "the indexer would stay bf16 beside the fp8 main cache",
         *_fp8_fixes(facts, indexers),
         _bf16_fix(facts, "main cache bf16", *_bf16_main_flags(facts)),
         _mixed_fix(facts),
+        because=_why(indexers),
+        mixed_pool=True,
     )
 
 
@@ -907,11 +951,11 @@ def _explicit_indexer_matches_fp8_main(
         return None
     return _error(
         facts,
-        f"an explicit {indexer} indexer would sit beside the fp8 main cache; "
-        + _MIXED_POOL,
+        f"an explicit {indexer} indexer would sit beside the fp8 main cache",
         *_fp8_fixes(facts, indexers, (INDEXER_KV_DTYPE_FLAG, "fp8")),
         _both_bf16_fix(facts),
         _mixed_fix(facts),
+        mixed_pool=True,
     )
 
 
@@ -939,9 +983,18 @@ def _skipped_layers_keep_one_precision(
         if facts.main_cache_precision == "fp8_e4m3"
         else f"keep every layer's main cache {facts.main_cache_precision}"
     )
+    layers = facts.unquantized_dense_layers
+    named = facts.layers.describe(layers)
+    because = "vLLM's Attention stores a skipped dense layer's main cache at the "
+    because += "model dtype"
+    what = f"{SKIP_LAYERS_FLAG} keeps {named} at {facts.model_dtype} beside "
+    if len(f"{_describe(facts)}: {what}") > _FIRST_LINE_ROOM:  # many layers
+        what = f"{SKIP_LAYERS_FLAG} keeps {len(layers)} layers at "
+        what += f"{facts.model_dtype} beside "
+        because = f"it names {named}, and {because}"
     return _error(
         facts,
-        f"{why}; " + _MIXED_POOL,
+        what + facts.main_cache_precision,
         # vLLM itself must run this main cache (no fp8 KV cache below SM89).
         Fix(keep, without=(SKIP_LAYERS_FLAG,))
         if _main_cache_runs_here(facts)
@@ -953,6 +1006,8 @@ def _skipped_layers_keep_one_precision(
             bf16_indexer=_uniform_indexer(facts).indexer_kv_dtype
             not in FP8_INDEXER_DTYPES,
         ),
+        because=because,
+        mixed_pool=True,
     )
 
 
@@ -963,9 +1018,8 @@ def _drafter_mismatch(facts: PrecisionFacts) -> str | None:
     if draft is None or facts.draft_cache_precision == facts.main_cache_precision:
         return None
     return (
-        f"the MTP drafter's own KV cache (speculative_config.kv_cache_dtype="
-        f"{draft}) would be {facts.draft_cache_precision} and the target's "
-        f"{facts.main_cache_precision}, in one pool"
+        f"the MTP drafter would cache {facts.draft_cache_precision} "
+        f"beside the target's {facts.main_cache_precision}"
     )
 
 
@@ -977,13 +1031,16 @@ def _drafter_kv_cache_matches_target(
         return None
     return _error(
         facts,
-        f"{why}; {_MIXED_POOL}",
+        why,
         Fix(
             "the drafter shares the target's KV dtype (with a JSON "
             f'--speculative-config, put "kv_cache_dtype": "{facts.kv_cache_dtype}" '
             "in it instead: a dotted flag after the JSON replaces it)",
             flags=((DRAFT_KV_CACHE_DTYPE_FLAG, facts.kv_cache_dtype),),
         ),
+        because=f"speculative_config.kv_cache_dtype={facts.draft_kv_cache_dtype} "
+        "is the drafter's own, and its layers share the target's block pool",
+        mixed_pool=True,
     )
 
 
@@ -1065,7 +1122,9 @@ def _with_drafter_matched(facts: PrecisionFacts, verdict: Verdict) -> Verdict:
 
     why = _drafter_mismatch(facts)
     reason = (
-        verdict.reason if why is None else f"{verdict.reason.rstrip('.')}; also, {why}."
+        verdict.reason
+        if why is None
+        else _with_line(verdict.reason, f"Also, {why}.", mixed_pool=True)
     )
     return replace(
         verdict, reason=reason, fixes=tuple(matched(fix) for fix in verdict.fixes)
@@ -1132,8 +1191,8 @@ def _with_skipped_layers_dropped(facts: PrecisionFacts, verdict: Verdict) -> Ver
 
     reason = verdict.reason
     why = _skipped_layers(facts)
-    if why is not None and why not in reason:
-        reason = f"{reason.rstrip('.')}; also, {why}."
+    if why is not None and SKIP_LAYERS_FLAG not in reason:
+        reason = _with_line(reason, f"Also, {why}.", mixed_pool=True)
     return replace(verdict, reason=reason, fixes=tuple(map(dropped, verdict.fixes)))
 
 
@@ -1160,8 +1219,8 @@ def _accept_mixed(facts: PrecisionFacts, refusal: Verdict, indexer: str) -> Verd
         assert blocked is not None
         return replace(
             refusal,
-            reason=refusal.reason.rstrip(".")
-            + f"; {ALLOW_MIXED_ENV}=1 keeps the bf16 indexer, which needs "
+            reason=refusal.reason
+            + f"\n{_OPT_IN_NEEDS}"
             + " ".join([f"{k}={v}" for k, v in env] + [f"{f} {v}" for f, v in flags])
             + " here.",
             fixes=(blocked, *(f for f in refusal.fixes if f != blocked)),
@@ -1235,7 +1294,8 @@ def _uniform_indexer(facts: PrecisionFacts) -> Verdict:
         return Verdict(
             Outcome.INHERITED,
             "fp8",
-            f"inherited from {_kv_origin(facts)}: {runs or 'an fp8 indexer'} "
+            f"inherited from {_kv_origin(facts, in_full=True)}: "
+            f"{runs or 'an fp8 indexer'} "
             f"runs on {facts.platform.name}, so both caches share fp8 e4m3 and "
             "vLLM builds no KV block zeroer",
             fp8_indexer=runs or None,
@@ -1317,7 +1377,8 @@ def bf16_pool_vllm_cannot_build(facts: PrecisionFacts) -> Verdict | None:
     return Verdict(
         Outcome.ERROR,
         facts.indexer_kv_dtype,
-        f"{VLLM_CANNOT_BUILD}: {'; '.join(reasons)}.",
+        f"{VLLM_CANNOT_BUILD}: {_describe(facts)}, both caches bf16.\n"
+        f"Because {'; and '.join(reasons)}.",
         fixes=tuple(fixes),
     )
 
