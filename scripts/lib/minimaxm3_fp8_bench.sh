@@ -268,8 +268,8 @@ parallel_args() {
 build_commands() {
     parallel_args
     SERVED_MODEL="${MODEL_PATH:-$MODEL}"
-    SERVE_FLAGS=(
-        "${PRECISION_FLAGS[@]}"
+    # Everything but the precision flags: the public recipe's run shares them.
+    local shared=(
         --block-size 128
         --language-model-only
         --no-enable-prefix-caching
@@ -279,9 +279,10 @@ build_commands() {
     )
     # Only where asked: the public recipe leaves both at vLLM's defaults.
     [[ -z "${GPU_MEMORY_UTILIZATION:-}" ]] ||
-        SERVE_FLAGS+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
+        shared+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
     [[ -z "${MAX_NUM_BATCHED_TOKENS:-}" ]] ||
-        SERVE_FLAGS+=(--max-num-batched-tokens "$MAX_NUM_BATCHED_TOKENS")
+        shared+=(--max-num-batched-tokens "$MAX_NUM_BATCHED_TOKENS")
+    SERVE_FLAGS=("${PRECISION_FLAGS[@]}" "${shared[@]}")
     SERVE_CMD=("$VLLM_BIN" serve "$SERVED_MODEL" --port "$PORT"
         "${SERVE_FLAGS[@]}")
     BENCH_CMD=("$VLLM_BIN" bench serve
@@ -315,7 +316,34 @@ build_commands() {
     else
         CHECK_MODEL_NOTE="MODEL=${MODEL} is a hub id: the preflight judges the bundled MiniMax-M3 config"
     fi
+    RECIPE_CHECK_CMD=("${CHECK_CMD[@]}" "${TARGET_STOCK_FLAGS[@]}" "${shared[@]}")
     CHECK_CMD+=("${SERVE_FLAGS[@]}")
+}
+
+capacity_vs_public_recipe() {
+    # check's capacity row compares with stock vLLM running this very
+    # command; an operator asks what this pool holds against today's public
+    # recipe (KV_PRECISION=stock): check's bytes per token for each, from
+    # one --json run of each.
+    [[ "$KV_PRECISION" != stock ]] || return 0
+    local ours recipe unset_args=() name
+    ours=$("${CHECK_CMD[@]}" --json 2>/dev/null) || true
+    for name in "${TARGET_STOCK_UNSET[@]}"; do unset_args+=(-u "$name"); done
+    recipe=$(env "${unset_args[@]}" VLLM_PLUGINS="$(plugins_without_this_one)" \
+        "${RECIPE_CHECK_CMD[@]}" --json 2>/dev/null) || true
+    python3 - "$ours" "$recipe" "$TARGET" <<'PY'
+import json, sys
+
+try:
+    ours, recipe = (json.loads(text)["bytes_per_token_total"] for text in sys.argv[1:3])
+except (ValueError, KeyError, TypeError):
+    print("  capacity vs today's public recipe: not computed (check printed no plan)")
+else:
+    print(
+        f"  capacity vs today's public {sys.argv[3]} recipe on stock vLLM 0.33: "
+        f"{recipe / ours:.2f}x the KV tokens ({ours:,} vs {recipe:,} bytes/token)"
+    )
+PY
 }
 
 export_target_env() {
@@ -552,6 +580,7 @@ minimaxm3_main() {
             "for ${TARGET} (check exit ${verdict}); not launching" >&2
         exit 2
     fi
+    capacity_vs_public_recipe
     if [[ "$RUN_SELFTEST" == true ]]; then
         node_selftest "$dry_run"
     fi

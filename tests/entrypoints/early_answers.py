@@ -13,6 +13,7 @@ TYPOS = ["fp9", "FP8", "fp8-e4m3", "int8", "bf16", "auto2", "fp4", ""]
 
 def main() -> None:
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    os.environ["COLUMNS"] = "100"  # the width the shipped group help is for
     from vllm.config import CacheConfig, ParallelConfig
     from vllm.config.cache import KV_CACHE_DTYPES
     from vllm.engine.arg_utils import EngineArgs
@@ -27,10 +28,15 @@ def main() -> None:
         vllm_kv_cache_dtypes,
     )
     from vllm_minimax_m3_kv.entrypoints.serve_flags import (
+        HELP_COLUMNS,
         flags_of_parser,
+        group_help_of_parser,
         known_flags,
+        known_group_help,
         mistyped_flag,
     )
+
+    assert int(os.environ["COLUMNS"]) == HELP_COLUMNS
 
     def vllm_parses(value: str) -> bool:
         """vLLM's own validation of the value (CacheConfig's pydantic type)."""
@@ -84,6 +90,13 @@ def main() -> None:
                 ],
                 "own_flags": sorted(own_flag_names()),
                 "serve_flags_shipped": known_flags(),
+                # --help=GROUP from the shipped table is vLLM's own text.
+                "groups_with_help": len(group_help_of_parser(build_parser())),
+                "group_help_differs": [
+                    group
+                    for group, text in group_help_of_parser(build_parser()).items()
+                    if known_group_help(group) != text
+                ],
                 "valid_flags_called_typos": [
                     f for f in flags_of_parser(build_parser()) if mistyped_flag([f], [])
                 ],

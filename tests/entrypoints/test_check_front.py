@@ -178,6 +178,15 @@ def test_the_early_answers_agree_with_vllms_own_validation():
     assert answers["own_flags"] == ["--commands", "--json", "--target", "--verbose"]
     assert not set(answers["own_flags"]) & set(answers["serve_flags_shipped"])
     assert answers["valid_flags_called_typos"] == []
+    assert answers["groups_with_help"] >= 15 and answers["group_help_differs"] == []
+
+
+def test_help_for_a_flag_group_needs_no_vllm_import():
+    # #38 item 7: from the shipped table, which matches the installed vLLM.
+    for keyword in ("CacheConfig", "attentionconfig", "PARALLELCONFIG"):
+        result = _without_importing_vllm(f"--help={keyword}")
+        assert result["exit"] == 0 and not result["vllm"] and not result["torch"]
+    assert "--kv-cache-dtype" in _without_importing_vllm("--help=CacheConfig")["stdout"]
 
 
 def test_help_names_the_groups_and_where_the_indexer_dtype_is():

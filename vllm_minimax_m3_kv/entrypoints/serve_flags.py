@@ -1,10 +1,12 @@
-"""``vllm serve``'s flag names, for answering a mistyped flag without vLLM.
+"""``vllm serve``'s flag names and each flag group's help, for answering a
+mistyped flag and ``check --help=GROUP`` without importing vLLM.
 
-The list is read from vLLM's own parser (the one ``check`` builds) and
-shipped with the vLLM version it was read from; it is used only when that
-version is installed, so a newer vLLM's flags are never refused by an old
-list. ``tests/entrypoints/early_answers.py`` checks it equals the installed
-parser's flags. Regenerate with ``python -m vllm_minimax_m3_kv.entrypoints.serve_flags``.
+Both are read from vLLM's own parser (the one ``check`` builds) and shipped
+with the vLLM version they were read from; they are used only when that
+version is installed, so a newer vLLM's flags are never refused, nor its help
+misquoted, by an old table. ``tests/entrypoints/early_answers.py`` checks
+they equal the installed parser's. Regenerate with
+``python -m vllm_minimax_m3_kv.entrypoints.serve_flags``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from importlib import metadata, resources
 from pathlib import Path
 
 _DATA = "vllm_serve_flags.json"
+HELP_COLUMNS = 100
+"""The terminal width the shipped group help is formatted for (argparse reads
+``COLUMNS``); vLLM's live help wraps to the terminal it finds."""
 
 
 def flags_of_parser(parser: object) -> list[str]:
@@ -26,23 +31,50 @@ def flags_of_parser(parser: object) -> list[str]:
     return sorted(option for option in table if option.startswith("--"))
 
 
-def shipped_flags() -> tuple[str, list[str]]:
-    """The shipped list and the vLLM version it was read from."""
-    data = json.loads(
+def _shipped() -> dict:
+    return json.loads(
         (resources.files("vllm_minimax_m3_kv") / "data" / _DATA).read_text()
     )
+
+
+def shipped_flags() -> tuple[str, list[str]]:
+    """The shipped list and the vLLM version it was read from."""
+    data = _shipped()
     return data["vllm"], data["flags"]
 
 
-def known_flags() -> list[str] | None:
-    """The installed vLLM's serve flags, or None when the shipped list is of
-    another vLLM version (then vLLM's own parser answers)."""
+def _for_installed_vllm() -> dict | None:
+    """The shipped table, or None when it is of another vLLM version (then
+    vLLM's own parser answers)."""
     try:
-        version, flags = shipped_flags()
+        data = _shipped()
         installed = metadata.version("vllm")
-    except (OSError, ValueError, KeyError, metadata.PackageNotFoundError):
+    except (OSError, ValueError, metadata.PackageNotFoundError):
         return None
-    return flags if installed == version else None
+    return data if data.get("vllm") == installed else None
+
+
+def known_flags() -> list[str] | None:
+    """The installed vLLM's serve flags, or None (see _for_installed_vllm)."""
+    data = _for_installed_vllm()
+    return None if data is None else data.get("flags")
+
+
+def group_help_key(keyword: str) -> str:
+    """A ``--help=`` keyword as vLLM's parser matches it to a group title."""
+    return keyword.lower().replace("_", "-")
+
+
+def known_group_help(keyword: str) -> str | None:
+    """``check --help=GROUP``'s text for a flag group of the installed vLLM,
+    from the shipped table; None for any other keyword (a flag-name search,
+    ``all``) or vLLM version, which vLLM's own parser answers."""
+    data = _for_installed_vllm()
+    return (
+        None
+        if data is None
+        else data.get("group_help", {}).get(group_help_key(keyword))
+    )
 
 
 def mistyped_flag(words: list[str], own: list[str]) -> str | None:
@@ -67,9 +99,21 @@ def mistyped_flag(words: list[str], own: list[str]) -> str | None:
     return None
 
 
+def group_help_of_parser(parser: object) -> dict[str, str]:
+    """Each flag group's ``--help=GROUP`` text, as check prints it."""
+    from vllm_minimax_m3_kv.entrypoints.check.arguments import vllm_help
+
+    return {
+        group_help_key(group.title): vllm_help(parser, group.title)  # type: ignore[arg-type]
+        for group in getattr(parser, "_action_groups", [])
+        if group.title and " " not in group.title
+    }
+
+
 def main() -> None:
     # vLLM's serve parser builds on its CPU platform on any machine, as check's.
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ["COLUMNS"] = str(HELP_COLUMNS)
     from vllm_minimax_m3_kv.entrypoints.check.arguments import (
         build_parser,
         own_flag_names,
@@ -77,11 +121,15 @@ def main() -> None:
 
     path = Path(str(resources.files("vllm_minimax_m3_kv") / "data" / _DATA))
     own = own_flag_names()
-    flags = [f for f in flags_of_parser(build_parser()) if f not in own]
-    path.write_text(
-        json.dumps({"vllm": metadata.version("vllm"), "flags": flags}, indent=0) + "\n"
+    parser = build_parser()
+    flags = [f for f in flags_of_parser(parser) if f not in own]
+    group_help = group_help_of_parser(parser)
+    data = {"vllm": metadata.version("vllm"), "flags": flags, "group_help": group_help}
+    path.write_text(json.dumps(data, indent=0) + "\n")
+    print(
+        f"{path}: {len(flags)} flags and {len(group_help)} groups' help of vLLM "
+        f"{metadata.version('vllm')}"
     )
-    print(f"{path}: {len(flags)} flags of vLLM {metadata.version('vllm')}")
 
 
 if __name__ == "__main__":

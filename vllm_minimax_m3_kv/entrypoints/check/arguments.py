@@ -44,8 +44,9 @@ EPILOG = f"""\
 MODEL is a local checkpoint directory or a Hugging Face id already in the
 local cache (check never downloads); omitted, the bundled MiniMax-M3 config is
 judged. Every other flag is a `vllm serve` flag, parsed by vLLM's own parser:
---help=GROUP lists a group's flags, --help=WORD the flags whose name holds
-WORD, --help=all every flag (these import vLLM). Common groups:
+--help=GROUP lists a group's flags (from a table shipped for the installed
+vLLM, no import), --help=WORD the flags whose name holds WORD, --help=all every
+flag (these two import vLLM). Common groups:
 {", ".join(COMMON_GROUPS)}. The indexer's dtype is a field of
 --attention-config (in VllmConfig): --help=attention-config shows it, and
 --attention-config.indexer_kv_dtype fp8 sets it.

@@ -35,6 +35,7 @@ from vllm_minimax_m3_kv.entrypoints.check.judge import (
     require_a_gpu_here,
 )
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
+from vllm_minimax_m3_kv.entrypoints.serve_flags import known_group_help
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ def _run(argv: list[str]) -> CheckResult:
         return CheckResult(EXIT_OK, text=own_parser().format_help())
     if early.commands is not None:
         raise CheckUsageError("--commands judges a file from the command line only")
+    if early.help is not False and (shipped := known_group_help(str(early.help))):
+        # A flag group of the installed vLLM: its help, shipped, no vLLM import.
+        return CheckResult(EXIT_OK, text=shipped)
     with quiet_stderr(VERBOSE_FLAG not in argv):
         if early.target == HERE:
             # Before vLLM's parser, which cannot be built without a device.
