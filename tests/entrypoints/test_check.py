@@ -20,11 +20,14 @@ AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"
 TINY = "tests/data/minimax_m3_tiny"
 
 
-def run_checks(cases: list[dict]) -> list[dict]:
+def run_checks(cases: list[dict], simulate: str | None = None) -> list[dict]:
+    """check's result for each case, in one process; ``simulate``
+    (``GPU:AITER``) makes that process's own node one, for ``--target here``."""
     with tempfile.TemporaryDirectory() as tmp:
         cases_file = Path(tmp, "cases.json")
         cases_file.write_text(json.dumps(cases))
-        return json_from_out_file(["-m", "sim.check_batch", str(cases_file)])
+        node = ["--simulate", simulate] if simulate else []
+        return json_from_out_file(["-m", "sim.check_batch", str(cases_file), *node])
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,24 @@ must start.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
 
+from sim.process import REPO
 from tests.entrypoints.test_check import AITER_ON, run_checks
 from vllm_minimax_m3_kv.entrypoints.check.batch import split_command
 from vllm_minimax_m3_kv.entrypoints.check.fixed_commands import apply_fix, fixed_command
 
 MTP_AUTO = '{"method":"mtp","num_speculative_tokens":1,"kv_cache_dtype":"auto"}'
-FP8_TP8 = ["--kv-cache-dtype", "fp8", "-tp", "8"]
+FP8 = ["--kv-cache-dtype", "fp8"]
+FP8_TP8 = [*FP8, "-tp", "8"]
 BF16_INDEXER = ["--attention-config.indexer_kv_dtype", "bf16"]
+FP8_INDEXER = ["--attention-config.indexer_kv_dtype", "fp8"]
+INDEXER_CP = ["--attention-config.minimax_m3_indexer_cp", "true"]
+DATA = "tests/data"
+TINY = ["-tp", "4", "--max-model-len", "8192"]
 
 # Refusals across the policy's kinds of fix: a flag to flip, AITER variables,
 # the bf16 fallback, a JSON config group, the drafter's own cache, a list flag
@@ -78,7 +85,62 @@ REFUSALS = {
         {},
     ),
     "e5m2": (["--target", "h200", "--kv-cache-dtype", "fp8_e5m2", "-tp", "8"], {}),
+    # The rest of docs/troubleshooting.md's refusals, each by a command that
+    # reaches it.
+    "msa_shape_tp2": (
+        ["--target", "mi355x", f"{DATA}/minimax_m3_tiny_topk32", *FP8, "-tp", "2"],
+        AITER_ON,
+    ),
+    "msa_top_k_tp2": (
+        ["--target", "mi355x", *FP8, "-tp", "2", "--max-model-len", "2000000"],
+        {**AITER_ON, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+    ),
+    "a100": (["--target", "a100", *FP8_TP8, *FP8_INDEXER], {}),
+    "cuda_indexer_cp": (["--target", "b300", *FP8_TP8, *INDEXER_CP], {}),
+    "fp8_indexer_bf16_main": (["--target", "b300", *FP8_INDEXER, "-tp", "8"], {}),
+    "mxfp4_indexer": (
+        ["--target", "b300", *FP8_TP8, "--attention-config.indexer_kv_dtype", "mxfp4"],
+        {},
+    ),
+    "checkpoint_fp8_bf16_indexer": (
+        ["--target", "b300", f"{DATA}/minimax_m3_tiny_ct_fp8_kv", *BF16_INDEXER, *TINY],
+        {},
+    ),
 }
+NODE_REFUSALS = {
+    # Only --target here on such a node reaches these (a named ROCm target
+    # is an image with aiter and its MSA kernels).
+    "no_aiter": (
+        ["--target", "here", *FP8_TP8, *INDEXER_CP],
+        {},
+        "mi355x:absent",
+    ),
+    "aiter_without_msa_kernels": (
+        ["--target", "here", *FP8_TP8],
+        AITER_ON,
+        "mi355x:no_msa",
+    ),
+}
+NOT_A_CHECK_REFUSAL = {
+    "MiniMax-M3 fp8 index cache on vLLM's Triton indexer:": "the node self-test",
+    "the config-time decision predicted ..., but vLLM planned ...": "a warning",
+    "MiniMax-M3 sparse attention ignores --kv-cache-dtype-skip-layers for": "a warning",
+    "describes its fp8 index cache (... as float8_e4m3fn/NONE, the stock vLLM "
+    "description": "at startup, after KV planning",
+    "vLLM refuses these flags:": "a usage error, vLLM's own",
+    "cannot read the model config for": "a usage error",
+    "vllm-minimax-m3-kv is inactive, vLLM runs unchanged:": "a warning at startup",
+    "vllm-minimax-m3-kv needs vLLM ...": "a usage error",
+    "Unknown vLLM environment variable detected: VLLM_MINIMAX_M3_KV_ALLOW_MIXED": (
+        "vLLM's warning"
+    ),
+    "The checkpoint's quantization config declares an fp8 KV cache "
+    "(compressed-tensors kv_cache_scheme), which vLLM applies to --kv-cache-dtype "
+    "auto": "a line of a refusal, not its first",
+    "Because MiniMax-M3 indexers store only bf16 or fp8 e4m3, so no indexer shares "
+    "this precision": "a line of a refusal, not its first",
+}
+"""Quoted in docs/troubleshooting.md, and not a refusal check prints."""
 
 
 def test_a_fix_replaces_values_in_every_spelling_and_edits_json():
@@ -123,7 +185,38 @@ def refusals() -> dict[str, dict]:
     results = run_checks(
         [{"argv": argv, "env": env} for argv, env in REFUSALS.values()]
     )
-    return dict(zip(names, results, strict=True))
+    found = dict(zip(names, results, strict=True))
+    for name, (argv, env, node) in NODE_REFUSALS.items():
+        (found[name],) = run_checks([{"argv": argv, "env": env}], simulate=node)
+    return found
+
+
+def _node(name: str) -> str | None:
+    return NODE_REFUSALS[name][2] if name in NODE_REFUSALS else None
+
+
+def _argv(name: str) -> list[str]:
+    return (REFUSALS.get(name) or NODE_REFUSALS[name])[0]
+
+
+def test_every_refusal_in_the_troubleshooting_page_is_run_here(refusals):
+    """Each refusal docs/troubleshooting.md quotes is printed by one of the
+    commands above, so the test below runs its fixes."""
+    text = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    quotes = {" ".join(q.split()) for q in re.findall(r'\*\*"(.+?)"\*\*', text, re.S)}
+    messages = [
+        " ".join(result["plan"]["message"].split()) for result in refusals.values()
+    ]
+    unprinted = [
+        quote
+        for quote in quotes - set(NOT_A_CHECK_REFUSAL)
+        if not any(
+            all(part.strip() in message for part in quote.split("..."))
+            for message in messages
+        )
+    ]
+    assert unprinted == []
+    assert set(NOT_A_CHECK_REFUSAL) <= quotes  # no stale exemption
 
 
 def test_every_refusal_prints_whole_commands(refusals):
@@ -141,14 +234,20 @@ def test_every_refusal_prints_whole_commands(refusals):
 
 
 def test_every_printed_command_starts_when_run_as_printed(refusals):
-    cases, sources = [], []
+    by_node: dict[str | None, list] = {}
     for name, result in refusals.items():
-        target = REFUSALS[name][0][REFUSALS[name][0].index("--target") + 1]
+        target = _argv(name)[_argv(name).index("--target") + 1]
         for fix in result["plan"]["fixes"]:
             env, argv = split_command(fix["command"])
-            cases.append({"argv": ["--target", target, *argv], "env": env})
-            sources.append((name, fix["command"]))
-    rerun = run_checks(cases)
+            case = {"argv": ["--target", target, *argv], "env": env}
+            # A fix that needs software (aiter, its MSA kernels) runs once it
+            # is installed: on that node, an image with aiter and the kernels.
+            node = "mi355x:msa" if fix["requires"] and _node(name) else _node(name)
+            by_node.setdefault(node, []).append((case, (name, fix["command"])))
+    sources, rerun = [], []
+    for node, runs in by_node.items():
+        rerun += run_checks([case for case, _ in runs], simulate=node)
+        sources += [source for _, source in runs]
     refused = [
         (
             source,

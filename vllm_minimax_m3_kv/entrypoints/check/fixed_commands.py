@@ -141,8 +141,14 @@ def fixed_command(
     return f"{' '.join(words)}  # {'; '.join(notes)}"
 
 
-_COMMAND_ENV = (AITER_ENV, SHUFFLE_KV_ENV, ALLOW_MIXED_ENV)
-"""The variables check reads: a fixed command carries the ones that are set."""
+_COMMAND_ENV = (
+    AITER_ENV,
+    SHUFFLE_KV_ENV,
+    ALLOW_MIXED_ENV,
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+)
+"""The variables the verdict reads (the plugin's, AITER's, and vLLM's own
+length override): a fixed command carries the ones that are set."""
 
 
 def with_fixed_commands(
