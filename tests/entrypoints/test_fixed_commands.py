@@ -19,7 +19,7 @@ import pytest
 from sim.process import REPO
 from tests.entrypoints.test_check import AITER_ON, run_checks
 from vllm_minimax_m3_kv.entrypoints.check.batch import split_command
-from vllm_minimax_m3_kv.entrypoints.check.fixed_commands import apply_fix, fixed_command
+from vllm_minimax_m3_kv.entrypoints.fixed_commands import apply_fix, fixed_command
 
 MTP_AUTO = '{"method":"mtp","num_speculative_tokens":1,"kv_cache_dtype":"auto"}'
 FP8 = ["--kv-cache-dtype", "fp8"]
@@ -258,3 +258,55 @@ def test_every_printed_command_starts_when_run_as_printed(refusals):
         if result["exit"] not in (0, 3)  # starts: uniform, or mixed by opt-in
     ]
     assert refused == [], json.dumps(refused, indent=1)
+
+
+SERVE_ON_A_NODE = """
+import json, sys
+from sim.hardware import simulate
+simulate("mi355x", "msa")
+from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.common.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm_minimax_m3_kv import register
+from vllm_minimax_m3_kv.entrypoints.check.judge import validation_cause
+register()
+sys.argv = ["/opt/venv/bin/vllm", "serve", *json.loads(sys.argv[1])]
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[2:])
+args.model = args.model_tag  # as vllm serve's own command does
+engine_args = EngineArgs.from_cli_args(args)
+engine_args.skip_tokenizer_init = True
+try:
+    engine_args.create_engine_config()
+except Exception as error:
+    print(json.dumps(str(validation_cause(error))))
+"""
+
+
+def test_vllm_serve_prints_each_fix_as_the_whole_command_too():
+    """The live hook's refusal under `vllm serve` (as its API server builds
+    the config) ends with the same whole commands check prints, and each runs
+    as printed."""
+    from sim.process import run_python
+    from vllm_minimax_m3_kv.entrypoints.check.early import bundled_model_path
+
+    served = [bundled_model_path(), *FP8_TP8, "--max-model-len", "8192", *INDEXER_CP]
+    proc = run_python(["-c", SERVE_ON_A_NODE, json.dumps(served)], {}, 300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "Fix with one of:" in message
+    head, _, commands = message.partition(
+        "The same command with each fix applied, as it runs:\n"
+    )
+    lines = commands.splitlines()
+    assert len(lines) == head.split("Fix with one of:")[1].count("\n  ") >= 3
+    rerun = []
+    for line in lines:
+        env, argv = split_command(line.strip())
+        assert argv[:1] == [bundled_model_path()], line
+        rerun.append({"argv": ["--target", "mi355x", *argv], "env": env})
+    refused = [
+        (line, result["stderr"])
+        for line, result in zip(lines, run_checks(rerun), strict=True)
+        if result["exit"] not in (0, 3)
+    ]
+    assert refused == []

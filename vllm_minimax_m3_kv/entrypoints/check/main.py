@@ -31,12 +31,12 @@ from vllm_minimax_m3_kv.entrypoints.check.arguments import (
 )
 from vllm_minimax_m3_kv.entrypoints.check.batch import check_commands
 from vllm_minimax_m3_kv.entrypoints.check.early import judge_without_vllm
-from vllm_minimax_m3_kv.entrypoints.check.plan import FIXED_COMMANDS_HEADING
 from vllm_minimax_m3_kv.entrypoints.check.run import (
     CheckResult,
     prepare_process,
     run_check,
 )
+from vllm_minimax_m3_kv.entrypoints.fixed_commands import FIXED_COMMANDS_HEADING
 
 
 def main(argv: list[str] | None = None) -> int:

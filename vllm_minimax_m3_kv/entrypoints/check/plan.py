@@ -18,9 +18,6 @@ from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     EXIT_REFUSED,
 )
 
-FIXED_COMMANDS_HEADING = "The same command with each fix applied, as it runs:"
-"""Printed after a refusal's fixes, before each whole fixed command."""
-
 
 @dataclass(frozen=True)
 class Plan:

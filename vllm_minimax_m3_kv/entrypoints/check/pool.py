@@ -25,6 +25,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
 )
 from vllm_minimax_m3_kv.entrypoints.check.early import versions_line
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
+from vllm_minimax_m3_kv.entrypoints.fixed_commands import fix_edits
 
 ZEROER_NOT_BUILT = "not built"
 
@@ -97,17 +98,6 @@ def pipeline_stages(facts: PrecisionFacts, indexer: str) -> list[dict[str, Any]]
             }
         )
     return stages
-
-
-def fix_as_json(fix: Fix) -> dict[str, Any]:
-    return {
-        "line": fix.render(),
-        "summary": fix.summary,
-        "env": dict(fix.env),
-        "flags": [list(pair) for pair in fix.flags],
-        "remove": list(fix.without),
-        "requires": list(fix.requires),
-    }
 
 
 def target_row(target: str, facts: PrecisionFacts) -> str:
@@ -271,7 +261,7 @@ def plugin_plan(
         executor_note=executor_note,
         kv_cache_dtype_source=kv_source(facts),
         fixes=[
-            {**fix_as_json(fix), "token_capacity_vs_stock": capacity(fix)}
+            {**fix_edits(fix), "token_capacity_vs_stock": capacity(fix)}
             for fix in verdict.fixes
         ],
         versions=versions_line(),

@@ -7,6 +7,7 @@ out of printed text.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
@@ -23,18 +24,24 @@ from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     vllm_help,
 )
 from vllm_minimax_m3_kv.entrypoints.check.early import (
+    BUNDLED_HUB_ID,
     judge_without_vllm,
     judges_this_machine,
+    model_argument,
     versions_line,
     without_model,
 )
-from vllm_minimax_m3_kv.entrypoints.check.fixed_commands import with_fixed_commands
 from vllm_minimax_m3_kv.entrypoints.check.judge import (
     plan_for,
     quiet_stderr,
     require_a_gpu_here,
 )
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
+from vllm_minimax_m3_kv.entrypoints.fixed_commands import (
+    arity_of,
+    command_env,
+    fixed_command,
+)
 from vllm_minimax_m3_kv.entrypoints.serve_flags import known_group_help
 
 
@@ -121,3 +128,19 @@ def _run(argv: list[str]) -> CheckResult:
             "values, no weights)",
         )
     return CheckResult(plan.exit_code, plan=plan)
+
+
+def with_fixed_commands(
+    plan: Plan, argv: list[str], parser: argparse.ArgumentParser
+) -> None:
+    """Give each fix of ``plan`` its ``command``: the user's own ``vllm
+    serve`` command (check's flags left out) with that fix applied."""
+    if not plan.fixes:
+        return
+    _, serve_words = own_parser().parse_known_args(argv)
+    if model_argument(serve_words) is None:
+        # The bundled config stands for the published checkpoint.
+        serve_words = [BUNDLED_HUB_ID, *serve_words]
+    env, arity = command_env(), arity_of(parser)
+    for fix in plan.fixes:
+        fix["command"] = fixed_command(serve_words, env, fix, arity)

@@ -7,6 +7,7 @@ the config. vLLM's own MiniMax-M3 hook (if any) runs first, unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm_minimax_m3_kv.config.facts import live_facts, record_judgement
@@ -25,9 +26,18 @@ if TYPE_CHECKING:
 class IndexerPrecisionError(ValueError):
     """A MiniMax-M3 KV precision mismatch no default can resolve."""
 
-    def __init__(self, verdict: Verdict) -> None:
-        super().__init__(verdict.message)
+    def __init__(self, verdict: Verdict, fixed_commands: Sequence[str] = ()) -> None:
+        message = verdict.message
+        if fixed_commands:
+            from vllm_minimax_m3_kv.entrypoints.fixed_commands import (
+                FIXED_COMMANDS_HEADING,
+            )
+
+            lines = [FIXED_COMMANDS_HEADING, *(f"  {c}" for c in fixed_commands)]
+            message += "\n" + "\n".join(lines)
+        super().__init__(message)
         self.verdict = verdict
+        self.fixed_commands = tuple(fixed_commands)
 
 
 def apply_indexer_precision(vllm_config: VllmConfig) -> None:
@@ -44,7 +54,10 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
     for note in verdict.notes:
         logger.warning_once(note)
     if verdict.outcome is Outcome.ERROR:
-        raise IndexerPrecisionError(verdict)
+        # Under `vllm serve`, each fix also as the whole command, as it runs.
+        from vllm_minimax_m3_kv.entrypoints.fixed_commands import fixed_serve_commands
+
+        raise IndexerPrecisionError(verdict, fixed_serve_commands(verdict.fixes))
     resolve_kv_cache_dtype_before_model_build(vllm_config, facts)
     if verdict.outcome is Outcome.MIXED:
         # The zeroing patch (patches.py) makes every worker and the scheduler

@@ -17,21 +17,21 @@ import argparse
 import json
 import os
 import shlex
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
     AITER_ENV,
     ALLOW_MIXED_ENV,
     SHUFFLE_KV_ENV,
+    Fix,
 )
-from vllm_minimax_m3_kv.entrypoints.check.arguments import own_parser
-from vllm_minimax_m3_kv.entrypoints.check.early import BUNDLED_HUB_ID, model_argument
-
-if TYPE_CHECKING:
-    from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 
 SERVE = ("vllm", "serve")
+FIXED_COMMANDS_HEADING = "The same command with each fix applied, as it runs:"
+"""Printed after a refusal's fixes, before each whole fixed command."""
 
 
 def _spelling(word: str) -> str:
@@ -141,7 +141,7 @@ def fixed_command(
     return f"{' '.join(words)}  # {'; '.join(notes)}"
 
 
-_COMMAND_ENV = (
+COMMAND_ENV = (
     AITER_ENV,
     SHUFFLE_KV_ENV,
     ALLOW_MIXED_ENV,
@@ -151,18 +151,13 @@ _COMMAND_ENV = (
 length override): a fixed command carries the ones that are set."""
 
 
-def with_fixed_commands(
-    plan: Plan, argv: list[str], parser: argparse.ArgumentParser
-) -> None:
-    """Give each fix of ``plan`` its ``command``: the user's own ``vllm
-    serve`` command (check's flags left out) with that fix applied."""
-    if not plan.fixes:
-        return
-    _, serve_words = own_parser().parse_known_args(argv)
-    if model_argument(serve_words) is None:
-        # The bundled config stands for the published checkpoint.
-        serve_words = [BUNDLED_HUB_ID, *serve_words]
-    env = {name: os.environ[name] for name in _COMMAND_ENV if name in os.environ}
+def command_env() -> dict[str, str]:
+    """The :data:`COMMAND_ENV` variables this process has, as set."""
+    return {name: os.environ[name] for name in COMMAND_ENV if name in os.environ}
+
+
+def arity_of(parser: argparse.ArgumentParser) -> Callable[[str], int | None]:
+    """How many values each flag of ``parser`` takes (None: one or more)."""
     table = parser._option_string_actions
 
     def arity(flag: str) -> int | None:
@@ -172,5 +167,43 @@ def with_fixed_commands(
             return 1
         return nargs if isinstance(nargs, int) else None
 
-    for fix in plan.fixes:
-        fix["command"] = fixed_command(serve_words, env, fix, arity)
+    return arity
+
+
+def fix_edits(fix: Fix) -> dict[str, Any]:
+    """A fix as the edits :func:`apply_fix` makes (check's ``--json`` form)."""
+    return {
+        "line": fix.render(),
+        "summary": fix.summary,
+        "env": dict(fix.env),
+        "flags": [list(pair) for pair in fix.flags],
+        "remove": list(fix.without),
+        "requires": list(fix.requires),
+    }
+
+
+def this_serve_command() -> list[str] | None:
+    """This process's ``vllm serve`` arguments, or None when it is not
+    ``vllm serve`` (an offline ``LLM(...)``, a test, another entry point)."""
+    argv = sys.argv
+    if len(argv) < 3 or argv[1] != "serve" or Path(argv[0]).name != "vllm":
+        return None
+    return argv[2:]
+
+
+def fixed_serve_commands(fixes: Sequence[Fix]) -> list[str]:
+    """Each fix applied to this process's own ``vllm serve`` command, as it
+    runs; [] outside ``vllm serve``. Only on a refusal: it builds vLLM's serve
+    parser for the flags' arities."""
+    argv = this_serve_command()
+    if argv is None or not fixes:
+        return []
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        arity = arity_of(make_arg_parser(FlexibleArgumentParser()))
+        env = command_env()
+        return [fixed_command(argv, env, fix_edits(fix), arity) for fix in fixes]
+    except Exception:
+        return []
