@@ -121,16 +121,18 @@ def test_check_is_split_into_modules_small_enough_to_read_whole():
 
 
 def test_batch_and_the_simulation_harness_judge_through_run_check():
-    # A result object, not a verdict parsed back out of printed JSON.
+    # A result object, not a verdict parsed back out of what main() printed.
     for path in (
         REPO / PACKAGE / "entrypoints" / "check" / "batch.py",
         REPO / "sim" / "check_batch.py",
     ):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        called = {
-            node.func.id
+        imported = {
+            alias.name
             for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith(f"{PACKAGE}.entrypoints")
+            for alias in node.names
         }
-        assert "run_check" in called and "main" not in called, path
+        assert "run_check" in imported and "main" not in imported, path
         assert "redirect_stdout" not in ast.unparse(tree), path
