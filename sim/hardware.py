@@ -101,6 +101,11 @@ def set_aiter(state: str) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     importlib.invalidate_caches()
+    # The plugin probes aiter's MSA kernels once per process, as vLLM finds
+    # aiter once: this switch changed the answer, so it asks again.
+    from vllm_minimax_m3_kv.config.facts import aiter_has_msa_kernels
+
+    aiter_has_msa_kernels.cache_clear()
     # vLLM asks these whether aiter could be used (the GPU is CDNA3+ here).
     present = state != "absent"
     aiter_ops.IS_AITER_FOUND = present

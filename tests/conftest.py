@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -49,29 +50,84 @@ def run_scenarios(
     return _cache[key]
 
 
+# -- tiers: every marker is applied here, by where a test lives ---------------
+
+FAST: dict[str, frozenset[str] | None] = {
+    # Pure policy and docs: no vLLM import, in this process or a child.
+    "tests/config/test_indexer_precision.py": None,
+    "tests/config/test_kv_cache_dtype.py": None,
+    "tests/test_package_shape.py": None,
+    "tests/entrypoints/test_check_commands.py": frozenset(
+        {
+            "test_continuations_join_and_comments_and_blanks_are_skipped",
+            "test_the_public_recipe_is_one_command",
+            "test_the_exit_code_is_the_worst_verdict",
+        }
+    ),
+    "tests/test_docs.py": frozenset(
+        {
+            "test_every_fix_line_pastes_into_bash",
+            "test_a_refusal_says_what_where_and_why_in_one_short_first_line",
+            "test_readme_is_one_page",
+            "test_every_quoted_message_is_one_the_code_prints",
+            "test_quotes_from_vllm_are_in_vllm",
+            "test_the_old_invented_message_would_be_caught",
+            "test_startup_cost_table_was_measured_on_the_current_load_path",
+            "test_every_no_zeroer_claim_names_the_kernels_it_was_shown_on",
+        }
+    ),
+}
+"""``-m fast``: modules (None: every test) or the tests of a module."""
+UPSTREAM = "tests/upstream/"
+"""``-m upstream``: the patch series against vLLM's source, its pre-commit."""
+TIER_PROBE_ENV = "MINIMAX_M3_KV_TIER_PROBE"
+"""A file to write, at the end of a run, whether it imported vLLM or torch."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        name = getattr(item, "originalname", item.name)
+        if path.startswith(UPSTREAM):
+            item.add_marker(pytest.mark.upstream)
+        if path in FAST and (FAST[path] is None or name in FAST[path]):
+            item.add_marker(pytest.mark.fast)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if probe := os.environ.get(TIER_PROBE_ENV):
+        imported = {name: name in sys.modules for name in ("vllm", "torch")}
+        Path(probe).write_text(json.dumps(imported))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under xdist, the controller starts the fork server its workers share
-    (its preload is paid once, and only when a child is asked for)."""
+    (its preload is paid once, and only when a child is asked for); without
+    xdist the suite runs serially, and its scheduler hook stays out."""
     workers = getattr(config.option, "numprocesses", None)
     if workers and not hasattr(config, "workerinput"):
         os.environ[SHARED_ADDRESS_ENV] = server_address()
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_KernelsOnOneWorker(), "kernels_on_one_worker")
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's loadscope, with ``tests/kernels/`` one scope: its modules'
-    children run under Triton's interpreter, which needs a fork server of its
-    own (``sim.process.FROZEN_AT_PRELOAD``), so one worker starts one."""
-    if config.getoption("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
+class _KernelsOnOneWorker:
+    @staticmethod
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """xdist's loadscope, with ``tests/kernels/`` one scope: its modules'
+        children run under Triton's interpreter, which needs a fork server of
+        its own (``sim.process.FROZEN_AT_PRELOAD``), so one worker starts one."""
+        if config.getoption("dist") != "loadscope":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
 
-    class KernelsTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith("tests/kernels/"):
-                return "tests/kernels"
-            return super()._split_scope(nodeid)
+        class KernelsTogether(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                if nodeid.startswith("tests/kernels/"):
+                    return "tests/kernels"
+                return super()._split_scope(nodeid)
 
-    return KernelsTogether(config, log)
+        return KernelsTogether(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -291,7 +291,7 @@ EXTERNAL = {
     "pytest": "runs vLLM's own tests in a vLLM checkout (docs/upstream.md)",
 }
 RUN_ELSEWHERE = {
-    "python -m pytest -q": ".ci/run runs it verbatim",
+    "python -m pytest -q -n 2": ".ci/run runs it verbatim",
 }
 
 

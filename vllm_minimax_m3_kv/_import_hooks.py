@@ -75,33 +75,3 @@ def when_imported(module_name: str, callback: Callback) -> None:
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
     _finder.add(module_name, callback)
-
-
-class _CacheClearer(importlib.abc.MetaPathFinder):
-    """Finds nothing; clears registered caches when the import system is told
-    that installed packages changed (``importlib.invalidate_caches()``)."""
-
-    def __init__(self) -> None:
-        self.clear: list[Callable[[], None]] = []
-
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None,
-        target: ModuleType | None = None,
-    ) -> None:
-        return None
-
-    def invalidate_caches(self) -> None:
-        for clear in self.clear:
-            clear()
-
-
-_clearer = _CacheClearer()
-
-
-def clear_on_invalidate_caches(clear: Callable[[], None]) -> None:
-    """Call ``clear`` whenever ``importlib.invalidate_caches()`` runs."""
-    if _clearer not in sys.meta_path:
-        sys.meta_path.append(_clearer)
-    _clearer.clear.append(clear)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllm_minimax_m3_kv._import_hooks import clear_on_invalidate_caches
 from vllm_minimax_m3_kv.config.indexer_precision import (
     AITER_ENV,
     SHUFFLE_KV_ENV,
@@ -112,9 +111,7 @@ def aiter_has_msa_kernels() -> bool:
     """Whether the installed aiter ships the MSA modules, found without
     importing aiter (whose import loads GPU libraries).
 
-    Once per process, as vLLM finds aiter once (``IS_AITER_FOUND``); asked
-    again after ``importlib.invalidate_caches()``, the import system's signal
-    that packages changed."""
+    Once per process, as vLLM finds aiter once (``IS_AITER_FOUND``)."""
     spec = importlib.util.find_spec("aiter")
     for location in (spec.submodule_search_locations or []) if spec else []:
         ops = Path(location, "ops")
@@ -124,9 +121,6 @@ def aiter_has_msa_kernels() -> bool:
         ):
             return True
     return False
-
-
-clear_on_invalidate_caches(aiter_has_msa_kernels.cache_clear)
 
 
 @dataclass

@@ -70,6 +70,11 @@ def identity() -> str:
     return f"{plugin_version()} ({where})"
 
 
+def vllm_loads_this_plugin() -> bool:
+    """Whether ``VLLM_PLUGINS`` lets vLLM load this plugin, as vLLM reads it."""
+    return _vllm_plugins_effect()[1]
+
+
 def _vllm_plugins_effect() -> tuple[str, bool]:
     listed = os.environ.get("VLLM_PLUGINS")
     if listed is None:

@@ -25,7 +25,7 @@ from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     own_parser,
 )
 from vllm_minimax_m3_kv.entrypoints.serve_flags import mistyped_flag
-from vllm_minimax_m3_kv.entrypoints.status import PLUGIN_ENTRY_POINT, identity
+from vllm_minimax_m3_kv.entrypoints.status import identity, vllm_loads_this_plugin
 
 BUNDLED_HUB_ID = "MiniMaxAI/MiniMax-M3"
 """The checkpoint whose architecture values the bundled config carries."""
@@ -63,9 +63,8 @@ def versions_line() -> str:
 
 
 def plugin_excluded() -> bool:
-    """Whether ``VLLM_PLUGINS`` leaves this plugin out, as vLLM reads it."""
-    allowed = os.environ.get("VLLM_PLUGINS")
-    return allowed is not None and PLUGIN_ENTRY_POINT not in allowed.split(",")
+    """Whether ``VLLM_PLUGINS`` leaves this plugin out (``status`` says why)."""
+    return not vllm_loads_this_plugin()
 
 
 def judges_this_machine(argv: list[str]) -> bool:
