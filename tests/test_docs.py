@@ -11,11 +11,11 @@ import json
 import re
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from sim.process import REPO, json_from_stdout
+from vllm_minimax_m3_kv._versions import vllm_source_root
 from vllm_minimax_m3_kv.config import indexer_precision as policy
 from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
 
@@ -265,7 +265,7 @@ def test_every_quoted_message_is_one_the_code_prints(corpus):
 
 
 def test_quotes_from_vllm_are_in_vllm():
-    vllm = Path(importlib.util.find_spec("vllm").origin).parent
+    vllm = vllm_source_root()
     sources = "\n".join(p.read_text(errors="replace") for p in vllm.rglob("*.py"))
     for held in QUOTED_FROM_VLLM.values():
         assert held in sources, held

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 from importlib import metadata
+from pathlib import Path
 
 SUPPORTED_VLLM = ((0, 33), (0, 34))
 """Half-open ``[0.33, 0.34)`` range, as in ``pyproject.toml``."""
@@ -18,11 +20,41 @@ SUPPORTED_VLLM_INSTALL = (
 )
 
 
+def installed_version(package: str) -> str | None:
+    """An installed distribution's version, from its metadata (not imported)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def vllm_source_root() -> Path | None:
+    """The installed ``vllm`` package directory, found without importing it
+    (``find_spec`` of a top-level package does not import it)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def vllm_source_file(module: str) -> Path | None:
+    """Where a vLLM module's source lives (``vllm.config.cache``), unimported."""
+    root = vllm_source_root()
+    if root is None:
+        return None
+    path = root.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    return path if path.is_file() else None
+
+
+def plugin_version() -> str:
+    """This plugin's version, or what runs it from an uninstalled checkout."""
+    return installed_version("vllm-minimax-m3-kv") or "(uninstalled checkout)"
+
+
 def vllm_version_problem() -> str | None:
     """None when the installed vLLM is in the supported range, else why not."""
-    try:
-        version = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
+    version = installed_version("vllm")
+    if version is None:
         return "vLLM is not installed"
     try:
         major, minor = (int(part) for part in version.split(".")[:2])

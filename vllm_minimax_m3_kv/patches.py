@@ -18,14 +18,12 @@ then restores it (``entrypoints/check.py``, ``_native_decision_stands_aside``).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 from vllm_minimax_m3_kv._import_hooks import when_imported
-from vllm_minimax_m3_kv._versions import vllm_version_problem
+from vllm_minimax_m3_kv._versions import vllm_source_file, vllm_version_problem
 
 INDEXER_MODULE = "vllm.models.minimax_m3.common.indexer"
 MODELS_CONFIG_MODULE = "vllm.model_executor.models.config"
@@ -56,19 +54,8 @@ class Patch:
     as vLLM takes the fix (``upstream/``)."""
 
 
-def _vllm_file(module: str) -> Path | None:
-    """Where a vLLM module's source lives, found without importing it."""
-    # find_spec of the top-level package locates it without importing it.
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    path = root.joinpath(*module.split(".")[1:]).with_suffix(".py")
-    return path if path.is_file() else None
-
-
 def _source_lacks(module: str, *needles: str) -> str | None:
-    path = _vllm_file(module)
+    path = vllm_source_file(module)
     if path is None:
         return f"{module} is missing"
     text = path.read_text(encoding="utf-8")
@@ -134,7 +121,7 @@ def _native_indexer_cache() -> str | None:
     # An index cache described like the main cache asks get_kv_quant_mode for
     # its description (the retired upstream PR 2 did); stock 0.33's indexer
     # module never calls it.
-    if _vllm_file(INDEXER_MODULE) is None or _source_lacks(
+    if vllm_source_file(INDEXER_MODULE) is None or _source_lacks(
         INDEXER_MODULE, "get_kv_quant_mode("
     ):
         return None

@@ -15,13 +15,14 @@ release in ``precommit.py``, not here.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from vllm_minimax_m3_kv._versions import vllm_source_root
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = tuple(sorted((REPO / "upstream").glob("[0-9][0-9]-*.patch")))
@@ -41,10 +42,10 @@ and the patched vLLMs' own ``VLLM_CACHE_ROOT``."""
 
 def installed_vllm() -> Path:
     """The installed ``vllm`` package directory, found without importing it."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
+    root = vllm_source_root()
+    if root is None:
         raise RuntimeError("vLLM is not installed")
-    return Path(next(iter(spec.submodule_search_locations)))
+    return root
 
 
 def touched_paths(patch: Path) -> dict[str, bool]:

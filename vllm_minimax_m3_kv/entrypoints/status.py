@@ -16,6 +16,8 @@ import subprocess
 from importlib import metadata, resources
 from pathlib import Path
 
+from vllm_minimax_m3_kv._versions import plugin_version
+
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 PLUGIN_ENTRY_POINT = "minimax_m3_kv"
 
@@ -56,13 +58,6 @@ def git_commit() -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
-def plugin_version() -> str:
-    try:
-        return metadata.version("vllm-minimax-m3-kv")
-    except metadata.PackageNotFoundError:
-        return "(uninstalled checkout)"
-
-
 def identity() -> str:
     """``0.1.0 (source 3f2a..., git 1a2b...)``: what ``--version`` prints."""
     commit = git_commit()
@@ -93,15 +88,13 @@ def report() -> tuple[list[tuple[str, str]], bool]:
     """The rows and whether the plugin would be loaded and active here."""
     from vllm_minimax_m3_kv._versions import (
         SUPPORTED_VLLM_INSTALL,
+        installed_version,
         vllm_version_problem,
     )
 
     rows = [("vllm-minimax-m3-kv", identity())]
     problem = vllm_version_problem()
-    try:
-        vllm = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        vllm = "not installed"
+    vllm = installed_version("vllm") or "not installed"
     rows.append(("vLLM", f"{vllm} ({problem})" if problem else f"{vllm} (supported)"))
     ok = problem is None
     found = [

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
-import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from pathlib import Path
 
 from vllm_minimax_m3_kv._versions import (
     SUPPORTED_VLLM_INSTALL,
+    installed_version,
+    vllm_source_file,
     vllm_version_problem,
 )
 from vllm_minimax_m3_kv.config.facts import HERE, TARGETS
@@ -50,15 +51,7 @@ class EarlyAnswer:
 
 def versions_line() -> str:
     """Both versions, from package metadata (vLLM is not imported)."""
-    from importlib import metadata
-
-    def version(name: str, missing: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return missing
-
-    vllm = version("vllm", "not installed")
+    vllm = installed_version("vllm") or "not installed"
     return f"vllm-minimax-m3-kv {identity()}; vLLM {vllm}"
 
 
@@ -107,10 +100,9 @@ def vllm_indexer_kv_dtypes() -> tuple[str, ...] | None:
 
 def _literal_of_vllm(module: str, name: str) -> tuple[str, ...] | None:
     """A ``Name = Literal[...]`` of ``vllm/config/<module>``, read, not imported."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
+    source = vllm_source_file(f"vllm.config.{module.removesuffix('.py')}")
+    if source is None:
         return None
-    source = Path(next(iter(spec.submodule_search_locations)), "config", module)
     try:
         tree = ast.parse(source.read_text(encoding="utf-8"))
     except (OSError, SyntaxError):

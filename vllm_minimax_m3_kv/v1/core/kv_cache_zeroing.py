@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vllm_minimax_m3_kv._versions import PLUGIN_INSTALL
+from vllm_minimax_m3_kv._versions import PLUGIN_INSTALL, plugin_version
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -171,7 +171,7 @@ def require_plugin_on_every_worker(
             and spec.kv_quant_mode == KVQuantMode.NONE
         ]
         if stock:
-            version = _plugin_version()
+            version = plugin_version()
             raise PartialInstallError(
                 f"MiniMax-M3 KV precision: worker {worker} (pipeline stage "
                 f"{worker // per_stage} of {pp_size}) describes its fp8 index "
@@ -183,15 +183,6 @@ def require_plugin_on_every_worker(
                 f"({PLUGIN_INSTALL}), or run every node without it "
                 "(VLLM_PLUGINS=)."
             )
-
-
-def _plugin_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("vllm-minimax-m3-kv")
-    except metadata.PackageNotFoundError:
-        return "(this checkout)"
 
 
 def wrap_get_kv_cache_configs(original: Callable[..., Any]) -> Callable[..., Any]:
