@@ -13,8 +13,6 @@ from typing import Any
 from sim.process import json_from_out_file
 
 # Loading only another installed plugin keeps this one out, as a stock install.
-WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
-AITER_SPARSE_PA = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 
 
 def run_child(module: str, args: list[str], env: dict[str, str]) -> Any:

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import AITER_SPARSE_PA, run_child, table
+from benchmarks._common import run_child, table
+from sim.environments import AITER_SPARSE_PA
 
 PER_TOKENS = 1024
 EXAMPLE_CONTEXT = 128 * 1024

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
+from benchmarks._common import run_child, table
+from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 # The planner needs room for one request of this length; capacity in tokens
@@ -31,12 +32,12 @@ MAX_MODEL_LEN = 131072
 CASES: dict[str, dict[str, Any]] = {
     "a": {
         "label": "stock, public MI355X recipe",
-        "env": WITHOUT_PLUGIN,
+        "env": STOCK_VLLM,
         "engine": {"kv_cache_dtype": "fp8"},
     },
     "b": {
         "label": "stock, explicit fp8 indexer",
-        "env": {**WITHOUT_PLUGIN, **AITER_SPARSE_PA},
+        "env": {**STOCK_VLLM, **AITER_SPARSE_PA},
         "engine": {
             "kv_cache_dtype": "fp8",
             "attention_config": {"indexer_kv_dtype": "fp8"},

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import AITER_SPARSE_PA, WITHOUT_PLUGIN, run_child, table
+from benchmarks._common import run_child, table
+from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 WARM_CALLS = 60
 REPO = Path(__file__).resolve().parents[1]
@@ -164,9 +165,7 @@ def run(pairs: int) -> dict[str, Any]:
             run_child(script, ["--what", "startup"], AITER_SPARSE_PA)
         )
         samples["without"].append(
-            run_child(
-                script, ["--what", "startup"], {**AITER_SPARSE_PA, **WITHOUT_PLUGIN}
-            )
+            run_child(script, ["--what", "startup"], {**AITER_SPARSE_PA, **STOCK_VLLM})
         )
     registers = [
         run_child(script, ["--what", "register"], {})["register_s"]

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from sim.environments import AITER_SPARSE_PA
 from sim.process import REPO, child_env, json_from_out_file, run_python
 
-AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 TINY = "tests/data/minimax_m3_tiny"
+MI355X_FP8_TP8 = ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"]
 
 
 def run_checks(cases: list[dict], simulate: str | None = None) -> list[dict]:
@@ -36,7 +37,7 @@ def basic():
         [
             {
                 "argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"],
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
             },
             {"argv": ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"]},
             {
@@ -50,7 +51,7 @@ def basic():
                     "-tp",
                     "1",
                 ],
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
             },
             {"argv": ["--target", "nosuch"]},
             {"argv": ["--target", "mi355x", "--no-such-flag"]},
@@ -73,30 +74,16 @@ def basic():
                     "-tp",
                     "8",
                 ],
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
             },
             {  # the public MI355X recipe's parser flags, on the bundled config
-                "argv": [
-                    "--target",
-                    "mi355x",
-                    "--kv-cache-dtype",
-                    "fp8",
-                    "-tp",
-                    "8",
-                    "--reasoning-parser",
-                    "minimax_m3",
-                ],
-                "env": AITER_ON,
+                "argv": [*MI355X_FP8_TP8, "--reasoning-parser", "minimax_m3"],
+                "env": AITER_SPARSE_PA,
             },
             # AITER unset, indexer CP on: the Triton indexer stays bf16.
             {
                 "argv": [
-                    "--target",
-                    "mi355x",
-                    "--kv-cache-dtype",
-                    "fp8",
-                    "-tp",
-                    "8",
+                    *MI355X_FP8_TP8,
                     "--attention-config.minimax_m3_indexer_cp",
                     "true",
                 ]
@@ -111,7 +98,7 @@ def basic():
                     "--tensor-parallel-size",
                     "2",
                 ],
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
             },
             {  # MI300X with an fp8 KV cache: an fnuz index cache beside it
                 "argv": [
@@ -326,7 +313,7 @@ def test_a_reasoning_parser_is_set_aside_on_the_bundled_config(basic):
 KV = ["auto", "fp8", "fp8_e5m2", "int8_per_token_head"]
 INDEXER = ["auto", "bf16", "fp8", "mxfp4"]
 ENVS = {
-    "aiter": AITER_ON,
+    "aiter": AITER_SPARSE_PA,
     "plain": {},
     "mixed_ok": {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"},
 }
@@ -614,11 +601,11 @@ def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 120)
 
 def test_check_is_quiet_unless_verbose():
     recipe = ("--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8")
-    quiet, _ = run_cli(*recipe, env=AITER_ON)
+    quiet, _ = run_cli(*recipe, env=AITER_SPARSE_PA)
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stderr == ""  # no vLLM / torch import noise
     assert "uniform precision        yes" in quiet.stdout
-    verbose, _ = run_cli(*recipe, "--verbose", env=AITER_ON)
+    verbose, _ = run_cli(*recipe, "--verbose", env=AITER_SPARSE_PA)
     assert verbose.returncode == 0
     assert verbose.stdout == quiet.stdout
 
@@ -790,7 +777,7 @@ def test_check_accepts_and_refuses_what_vllm_serve_does(scenario_runner):
         [
             {
                 "id": name,
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
                 "build": name in BUILT_LIVE,
                 "engine": _engine_from_flags(argv),
             }
@@ -802,7 +789,7 @@ def test_check_accepts_and_refuses_what_vllm_serve_does(scenario_runner):
         [
             {
                 "argv": ["--target", "mi355x", "--block-size", "128", *argv],
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
             }
             for argv in PARITY_LINES.values()
         ]

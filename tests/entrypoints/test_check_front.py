@@ -12,7 +12,7 @@ import pytest
 
 from sim.process import json_from_stdout, run_python
 from tests.entrypoints.test_check import (
-    AITER_ON,
+    AITER_SPARSE_PA,
     _python_without_vllm,
     _without_importing_vllm,
     run_checks,
@@ -28,17 +28,17 @@ def plans():
         [
             {
                 "argv": ["--target", "mi355x", *RECIPE],
-                "env": {**AITER_ON, "VLLM_PLUGINS": ""},
+                "env": {**AITER_SPARSE_PA, "VLLM_PLUGINS": ""},
             },
             {
                 "argv": ["--target", "mi355x", *RECIPE],
-                "env": {**AITER_ON, "VLLM_PLUGINS": "lora_filesystem_resolver"},
+                "env": {**AITER_SPARSE_PA, "VLLM_PLUGINS": "lora_filesystem_resolver"},
             },
             {
                 "argv": ["--target", "mi355x", *RECIPE],
-                "env": {**AITER_ON, "VLLM_PLUGINS": "minimax_m3_kv"},
+                "env": {**AITER_SPARSE_PA, "VLLM_PLUGINS": "minimax_m3_kv"},
             },
-            {"argv": ["--target", "MI350X", *RECIPE], "env": AITER_ON},
+            {"argv": ["--target", "MI350X", *RECIPE], "env": AITER_SPARSE_PA},
             {"argv": ["--target", "h100", *RECIPE]},
             {
                 "argv": ["--target", "mi355x", "--kv-cache-dtype", "auto"],
@@ -57,7 +57,7 @@ def plans():
                     "--distributed-executor-backend",
                     "ray",
                 ],
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
             },
         ]
     )

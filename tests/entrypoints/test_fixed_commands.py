@@ -16,8 +16,9 @@ import shlex
 
 import pytest
 
+from sim.environments import AITER_SPARSE_PA
 from sim.process import REPO
-from tests.entrypoints.test_check import AITER_ON, run_checks
+from tests.entrypoints.test_check import run_checks
 from vllm_minimax_m3_kv.entrypoints.check.batch import split_command
 from vllm_minimax_m3_kv.entrypoints.fixed_commands import apply_fix, fixed_command
 
@@ -60,16 +61,16 @@ REFUSALS = {
     ),
     "skip_layers": (
         ["--target", "mi355x", *FP8_TP8, "--kv-cache-dtype-skip-layers", "0"],
-        AITER_ON,
+        AITER_SPARSE_PA,
     ),
     # AITER sparse PA at four KV heads per rank runs only the fp8 indexer:
     # the bf16 fixes turn the shuffled layout off, over the user's own =1.
     "aiter_tp1_bf16": (
         ["--target", "mi355x", "--kv-cache-dtype", "fp8", *BF16_INDEXER],
-        AITER_ON,
+        AITER_SPARSE_PA,
     ),
     # Both caches bf16, which vLLM itself cannot build here (check says so).
-    "bf16_aiter_tp2": (["--target", "mi355x", "-tp", "2"], AITER_ON),
+    "bf16_aiter_tp2": (["--target", "mi355x", "-tp", "2"], AITER_SPARSE_PA),
     "gfx90a": (["--target", "mi250x", "--kv-cache-dtype", "fp8", "-tp", "8"], {}),
     "float16": (
         [
@@ -89,11 +90,11 @@ REFUSALS = {
     # reaches it.
     "msa_shape_tp2": (
         ["--target", "mi355x", f"{DATA}/minimax_m3_tiny_topk32", *FP8, "-tp", "2"],
-        AITER_ON,
+        AITER_SPARSE_PA,
     ),
     "msa_top_k_tp2": (
         ["--target", "mi355x", *FP8, "-tp", "2", "--max-model-len", "2000000"],
-        {**AITER_ON, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+        {**AITER_SPARSE_PA, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
     ),
     "a100": (["--target", "a100", *FP8_TP8, *FP8_INDEXER], {}),
     "cuda_indexer_cp": (["--target", "b300", *FP8_TP8, *INDEXER_CP], {}),
@@ -117,7 +118,7 @@ NODE_REFUSALS = {
     ),
     "aiter_without_msa_kernels": (
         ["--target", "here", *FP8_TP8],
-        AITER_ON,
+        AITER_SPARSE_PA,
         "mi355x:no_msa",
     ),
 }

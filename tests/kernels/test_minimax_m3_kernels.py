@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
+from sim.environments import STOCK_VLLM
 from sim.kernels import kernel_env
 from sim.process import json_from_out_file
 
-PLUGIN_ONLY_OTHER = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 CHILD = ["-m", "tests.kernels.pool_kernels"]
 
 
@@ -67,9 +67,7 @@ def test_without_the_bind_time_view_the_kernels_cannot_read_it():
 def test_the_stock_mixed_pool_runs_for_comparison(plugin_pool):
     """Stock vLLM's pool (bf16 index cache) holding the same values: it runs,
     and the plugin's fp8 index cache selects mostly the same blocks."""
-    stock = json_from_out_file(
-        CHILD, {**kernel_env(), **PLUGIN_ONLY_OTHER}, timeout=1800
-    )
+    stock = json_from_out_file(CHILD, {**kernel_env(), **STOCK_VLLM}, timeout=1800)
     assert stock["index_spec"] == ["torch.bfloat16", "NONE"]
     assert stock["main_spec"] == ["torch.uint8", "FP8_PER_TENSOR"]
     assert stock["zeroing"] is True  # mixed: vLLM builds a zeroer

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 
+from sim.environments import STOCK_VLLM
 from sim.kernels import kernel_env
 from sim.process import json_from_out_file
 
 CHILD = ["-m", "tests.kernels.stale_bytes"]
-PLUGIN_EXCLUDED = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 OUTPUTS = {"prefill_score", "prefill_topk", "prefill_out", "decode_topk", "decode_out"}
 
 
@@ -66,7 +66,7 @@ def test_mid_block_and_the_stock_mixed_pool_under_the_same_test(matrix_size):
     assert_no_stale_byte_reaches_a_result(ours)
     both = f"{JUST_PAST_A_BLOCK},{MID_BLOCK}"
     stock = json_from_out_file(
-        [*CHILD, "--lengths", both], {**kernel_env(), **PLUGIN_EXCLUDED}, 1800
+        [*CHILD, "--lengths", both], {**kernel_env(), **STOCK_VLLM}, 1800
     )
     assert stock["index_spec"] == ["torch.bfloat16", "NONE"]
     assert stock["zeroing"] is True

@@ -13,9 +13,8 @@ from __future__ import annotations
 import pytest
 
 from sim import engine as sim
+from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
-AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
-STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver"}  # another plugin only
 OPT_IN = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
 CT = {"model": sim.TINY_CT_FP8_KV, "max_model_len": 8192, "tensor_parallel_size": 4}
 CT_SPARSE_FIRST = {**CT, "model": sim.TINY_CT_FP8_KV_SPARSE_FIRST}
@@ -31,19 +30,23 @@ FP8_POOL = {("torch.uint8", "FP8_PER_TENSOR")}
 
 def mi355x_scenarios(foreign: str | None = None) -> list[dict]:
     scenarios = [
-        {"id": "ct", "env": AITER_ON, "engine": CT, "per_stage": True},
+        {"id": "ct", "env": AITER_SPARSE_PA, "engine": CT, "per_stage": True},
         {
             "id": "ct_sparse_first",
-            "env": AITER_ON,
+            "env": AITER_SPARSE_PA,
             "engine": CT_SPARSE_FIRST,
             "per_stage": True,
         },
         {
             "id": "ct_explicit_auto",
-            "env": AITER_ON,
+            "env": AITER_SPARSE_PA,
             "engine": {**CT, "kv_cache_dtype": "auto"},
         },
-        {"id": "ct_fp8_indexer", "env": AITER_ON, "engine": {**CT, **FP8_INDEXER}},
+        {
+            "id": "ct_fp8_indexer",
+            "env": AITER_SPARSE_PA,
+            "engine": {**CT, **FP8_INDEXER},
+        },
         {"id": "ct_public_recipe", "env": {}, "engine": CT},
         {"id": "ct_bf16_indexer", "env": {}, "engine": {**CT, **BF16_INDEXER}},
         {"id": "ct_bf16", "env": {}, "engine": {**CT, "kv_cache_dtype": "bfloat16"}},
@@ -53,7 +56,7 @@ def mi355x_scenarios(foreign: str | None = None) -> list[dict]:
         scenarios.append(
             {
                 "id": "ct_sparse_first_stock_stage",
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
                 "engine": CT_SPARSE_FIRST,
                 "foreign_pp2_stage": {"path": foreign, "stage": 0},
             }
@@ -76,9 +79,13 @@ def mi355x_stock(scenario_runner, stock_stages):
             "engine": CT_SPARSE_FIRST,
             "dump_pp2_stages": stock_stages,
         },
-        {"id": "ct_fp8_indexer", "env": AITER_ON, "engine": {**CT, **FP8_INDEXER}},
+        {
+            "id": "ct_fp8_indexer",
+            "env": AITER_SPARSE_PA,
+            "engine": {**CT, **FP8_INDEXER},
+        },
     ]
-    return scenario_runner("mi355x", scenarios, env=STOCK)
+    return scenario_runner("mi355x", scenarios, env=STOCK_VLLM)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +111,7 @@ def sm100(scenario_runner):
 
 @pytest.fixture(scope="module")
 def sm100_stock(scenario_runner):
-    return scenario_runner("b300", SM100[:1], env=STOCK)
+    return scenario_runner("b300", SM100[:1], env=STOCK_VLLM)
 
 
 def precisions(specs: dict) -> set[tuple[str, str]]:

@@ -15,11 +15,10 @@ from __future__ import annotations
 import pytest
 
 from sim.engine import TINY_LLAMA, TINY_MODEL, TINY_MODEL_SPARSE_FIRST
+from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
-AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 ALLOW_MIXED = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
-WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 FP8 = {"kv_cache_dtype": "fp8", "tensor_parallel_size": 8}
 BF16_INDEXER = {"attention_config": {"indexer_kv_dtype": "bf16"}}
 
@@ -34,7 +33,7 @@ SCENARIOS = [
         "env": {**AITER_OFF, **ALLOW_MIXED},
         "engine": {**FP8, **BF16_INDEXER, "model": TINY_MODEL_SPARSE_FIRST},
     },
-    {"id": "uniform", "env": AITER_ON, "engine": {**FP8, "model": TINY_MODEL}},
+    {"id": "uniform", "env": AITER_SPARSE_PA, "engine": {**FP8, "model": TINY_MODEL}},
     # The public recipe: vLLM's Triton indexer takes the inherited fp8.
     {
         "id": "uniform_aiter_off",
@@ -51,7 +50,7 @@ def plugin(scenario_runner):
 
 @pytest.fixture(scope="module")
 def stock(scenario_runner):
-    return scenario_runner("mi355x", SCENARIOS, env=WITHOUT_PLUGIN)
+    return scenario_runner("mi355x", SCENARIOS, env=STOCK_VLLM)
 
 
 @pytest.mark.parametrize("layout", ["mixed_second_stage", "mixed_first_stage"])
@@ -110,7 +109,7 @@ LLAMA_MIXED = [
 def test_non_minimax_mixed_pool_behaves_as_stock(scenario_runner):
     # The simulated CUDA platform stands in the custom ops a Llama layer binds.
     ours = scenario_runner("b300", LLAMA_MIXED)["llama_mixed"]
-    theirs = scenario_runner("b300", LLAMA_MIXED, env=WITHOUT_PLUGIN)["llama_mixed"]
+    theirs = scenario_runner("b300", LLAMA_MIXED, env=STOCK_VLLM)["llama_mixed"]
     assert ours["pp1"]["worker_mixed"] == [True]  # really a mixed pool
     for pp in ("pp1", "pp2"):
         assert ours[pp] == theirs[pp]

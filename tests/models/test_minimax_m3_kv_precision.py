@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
+from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+
 FP8 = {"kv_cache_dtype": "fp8", "max_model_len": 8192}
 FP8_INDEXER = {"indexer_kv_dtype": "fp8"}
-STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver"}  # another plugin only
 
 MI355X = [
-    {"id": "mi355x_recipe", "env": AITER_ON, "engine": FP8},
+    {"id": "mi355x_recipe", "env": AITER_SPARSE_PA, "engine": FP8},
     {
         "id": "b300_flags",
-        "env": AITER_ON,
+        "env": AITER_SPARSE_PA,
         "engine": {**FP8, "attention_config": FP8_INDEXER},
     },
     {"id": "public_mi355x_recipe", "env": {}, "engine": FP8},
@@ -33,18 +33,18 @@ MI355X = [
     },
     {
         "id": "explicit_bf16_indexer",
-        "env": AITER_ON,
+        "env": AITER_SPARSE_PA,
         "engine": {**FP8, "attention_config": {"indexer_kv_dtype": "bf16"}},
     },
     {
         "id": "fp8_indexer_bf16_kv",
-        "env": AITER_ON,
+        "env": AITER_SPARSE_PA,
         "engine": {"max_model_len": 8192, "attention_config": FP8_INDEXER},
     },
     {"id": "bf16_everywhere", "env": {}, "engine": {"max_model_len": 8192}},
     {
         "id": "bf16_aiter_sparse_pa_tp2",
-        "env": AITER_ON,
+        "env": AITER_SPARSE_PA,
         "engine": {"max_model_len": 8192, "tensor_parallel_size": 2},
     },
     {
@@ -65,7 +65,7 @@ def mi355x(scenario_runner):
 def mi355x_stock(scenario_runner):
     scenarios = [s for s in MI355X if s["id"] in {"mi355x_recipe", "b300_flags"}]
     scenarios.append({"id": "public_mi355x_recipe", "env": {}, "engine": FP8})
-    return scenario_runner("mi355x", scenarios, env=STOCK)
+    return scenario_runner("mi355x", scenarios, env=STOCK_VLLM)
 
 
 E4M3FN, E4M3FNUZ = "torch.float8_e4m3fn", "torch.float8_e4m3fnuz"
@@ -204,7 +204,7 @@ def mi300x(scenario_runner):
             },
             {
                 "id": "fp8_kv_aiter_set",
-                "env": AITER_ON,
+                "env": AITER_SPARSE_PA,
                 "engine": {**FP8, "tensor_parallel_size": 4},
             },
         ],
@@ -216,10 +216,10 @@ def mi300x_stock(scenario_runner):
     return scenario_runner(
         "mi300x",
         [
-            {"id": "fp8_kv", "env": STOCK, "engine": FP8},
+            {"id": "fp8_kv", "env": STOCK_VLLM, "engine": FP8},
             {
                 "id": "fp8_both",
-                "env": STOCK,
+                "env": STOCK_VLLM,
                 "engine": {**FP8, "attention_config": FP8_INDEXER},
             },
         ],

@@ -17,8 +17,8 @@ import re
 import pytest
 
 from sim.engine import REPO, TINY_MODEL
+from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
-AITER_ON = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
 ALLOW_MIXED = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
 DATA = REPO / "tests" / "data"
@@ -28,7 +28,11 @@ FP8 = {"kv_cache_dtype": "fp8", "max_model_len": 8192}
 
 MI355X = [
     # TP 1: four KV heads per rank, so AITER sparse PA needs the fp8 indexer.
-    {"id": "key_false_tp1", "env": AITER_ON, "engine": {**FP8, "model": KEY_FALSE}},
+    {
+        "id": "key_false_tp1",
+        "env": AITER_SPARSE_PA,
+        "engine": {**FP8, "model": KEY_FALSE},
+    },
     {
         "id": "no_sparse_aiter_off",
         "env": AITER_OFF,
@@ -45,7 +49,7 @@ MI355X = [
     },
     {
         "id": "skip_dense",
-        "env": AITER_ON,
+        "env": AITER_SPARSE_PA,
         "engine": {
             **FP8,
             "tensor_parallel_size": 8,
@@ -54,7 +58,7 @@ MI355X = [
     },
     {
         "id": "skip_dense_opted_in",
-        "env": {**AITER_ON, **ALLOW_MIXED},
+        "env": {**AITER_SPARSE_PA, **ALLOW_MIXED},
         "engine": {
             **FP8,
             "tensor_parallel_size": 8,
@@ -63,7 +67,7 @@ MI355X = [
     },
     {
         "id": "skip_sparse",
-        "env": AITER_ON,
+        "env": AITER_SPARSE_PA,
         "engine": {
             **FP8,
             "tensor_parallel_size": 8,
@@ -82,7 +86,6 @@ MI355X = [
         },
     },
 ]
-STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,7 @@ def mi355x(scenario_runner):
 def mi355x_stock(scenario_runner):
     wanted = {"no_sparse_aiter_off", "no_sparse_fp8_indexer", "skip_dense"}
     return scenario_runner(
-        "mi355x", [s for s in MI355X if s["id"] in wanted], env=STOCK
+        "mi355x", [s for s in MI355X if s["id"] in wanted], env=STOCK_VLLM
     )
 
 
@@ -196,7 +199,7 @@ def test_facts_name_exactly_the_layers_vllm_keeps_unquantized(
         "tensor_parallel_size": 8,
         "kv_cache_dtype_skip_layers": ["0", "2", "4"],
     }
-    env = {**AITER_ON, **ALLOW_MIXED} if platform == "mi355x" else ALLOW_MIXED
+    env = {**AITER_SPARSE_PA, **ALLOW_MIXED} if platform == "mi355x" else ALLOW_MIXED
     result = scenario_runner(platform, [{"id": "skips", "env": env, "engine": engine}])
     result = result["skips"]
     assert "build_error" not in result, result

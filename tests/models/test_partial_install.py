@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-AITER_SPA = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
-WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
+from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+
 # The B300 recipe's flags (explicit fp8 indexer), so both nodes agree on the
 # indexer dtype and differ only in how they describe its cache.
 RECIPE = {
@@ -27,8 +27,15 @@ def planned(scenario_runner, tmp_path_factory):
     dump = str(tmp_path_factory.mktemp("stages") / "stock_stages.pkl")
     stock = scenario_runner(
         "mi355x",
-        [{"id": "stock", "env": AITER_SPA, "engine": RECIPE, "dump_pp2_stages": dump}],
-        env=WITHOUT_PLUGIN,
+        [
+            {
+                "id": "stock",
+                "env": AITER_SPARSE_PA,
+                "engine": RECIPE,
+                "dump_pp2_stages": dump,
+            }
+        ],
+        env=STOCK_VLLM,
     )
     assert "pp2" in stock["stock"], stock
     return scenario_runner(
@@ -36,7 +43,7 @@ def planned(scenario_runner, tmp_path_factory):
         [
             {
                 "id": f"foreign_stage_{stage}",
-                "env": AITER_SPA,
+                "env": AITER_SPARSE_PA,
                 "engine": RECIPE,
                 "foreign_pp2_stage": {"path": dump, "stage": stage},
             }

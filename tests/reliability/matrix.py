@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from sim import engine as sim
+from sim.environments import AITER_SPARSE_PA
 from sim.hardware import set_aiter, simulate
 from tests.reliability.covering import pairwise_rows
 from vllm_minimax_m3_kv.config.indexer_precision import (
@@ -65,27 +66,26 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
     FIX_REMOVES,
 )
 
-AITER_SPA = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 AITER_ONLY = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
 AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
 
 # name -> (simulated hardware, environment, aiter package state on ROCm)
 PLATFORMS: dict[str, tuple[str, dict[str, str], str]] = {
-    "mi355x-aiter-spa": ("mi355x", AITER_SPA, "msa"),
+    "mi355x-aiter-spa": ("mi355x", AITER_SPARSE_PA, "msa"),
     "mi355x-aiter": ("mi355x", AITER_ONLY, "msa"),
     "mi355x": ("mi355x", AITER_OFF, "msa"),
-    "mi300x-aiter-spa": ("mi300x", AITER_SPA, "msa"),
+    "mi300x-aiter-spa": ("mi300x", AITER_SPARSE_PA, "msa"),
     "mi300x": ("mi300x", AITER_OFF, "msa"),
     "sm100": ("b300", {}, "msa"),
     "sm90": ("h200", {}, "msa"),
     "sm80": ("a100", {}, "msa"),  # CUDA without fp8: no fp8 indexer runs on it
     # ROCm machines outside the happy image: aiter absent, or without the MSA
     # kernels, with the AITER variables set and unset. Covering design only.
-    "mi355x-no-aiter-env": ("mi355x", AITER_SPA, "absent"),
+    "mi355x-no-aiter-env": ("mi355x", AITER_SPARSE_PA, "absent"),
     "mi355x-no-aiter": ("mi355x", AITER_OFF, "absent"),
-    "mi355x-aiter-no-msa-env": ("mi355x", AITER_SPA, "no_msa"),
+    "mi355x-aiter-no-msa-env": ("mi355x", AITER_SPARSE_PA, "no_msa"),
     "mi355x-aiter-no-msa": ("mi355x", AITER_OFF, "no_msa"),
-    "mi300x-no-aiter-env": ("mi300x", AITER_SPA, "absent"),
+    "mi300x-no-aiter-env": ("mi300x", AITER_SPARSE_PA, "absent"),
     "mi300x-no-aiter": ("mi300x", AITER_OFF, "absent"),
     # ROCm with neither gfx950's nor gfx942's fp8 (gfx90a): no fp8 indexer.
     "mi250x-no-aiter": ("mi250x", AITER_OFF, "absent"),

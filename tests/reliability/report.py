@@ -16,6 +16,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from sim.environments import STOCK_VLLM
 from sim.process import json_from_out_file
 from tests.reliability.matrix import (
     PARTIAL_INSTALL_PLATFORMS,
@@ -24,8 +25,6 @@ from tests.reliability.matrix import (
     SIZES,
     hardware_groups,
 )
-
-WITHOUT_PLUGIN = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
 
 
 def run_child(platforms: list[str], *args: str, env: dict[str, str] | None = None):
@@ -51,7 +50,7 @@ def run_matrix(size: str = "quick", workers: int = 2) -> dict[str, dict[str, lis
         list(
             pool.map(
                 lambda group: run_child(
-                    group, *foreign, "--dump-stock-stages", env=WITHOUT_PLUGIN
+                    group, *foreign, "--dump-stock-stages", env=STOCK_VLLM
                 ),
                 hardware_groups(PARTIAL_INSTALL_PLATFORMS),
             )
@@ -61,7 +60,7 @@ def run_matrix(size: str = "quick", workers: int = 2) -> dict[str, dict[str, lis
             group, kind = job
             if kind == "plugin":
                 return run_child(group, *sized, *foreign)
-            return run_child(group, *sized, "--same-as-stock", env=WITHOUT_PLUGIN)
+            return run_child(group, *sized, "--same-as-stock", env=STOCK_VLLM)
 
         results = list(pool.map(run, jobs))
     runs: dict[str, dict[str, list]] = collections.defaultdict(dict)

@@ -27,10 +27,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 from sim.process import json_from_out_file
 
-STOCK = {"VLLM_PLUGINS": "lora_filesystem_resolver"}  # another plugin only
-AITER_SPA = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
 # TP 4: one 8-GPU node at PP 2 (two stages of 4), as the recipes run PP.
 FP8 = {"kv_cache_dtype": "fp8", "max_model_len": 8192, "tensor_parallel_size": 4}
 FP8_INDEXER = {**FP8, "attention_config": {"indexer_kv_dtype": "fp8"}}
@@ -43,7 +42,7 @@ RECIPES = [
         "mi355x_aiter_fp8_indexer",
         "MI355X, AITER sparse PA, explicit fp8 indexer",
         "mi355x",
-        AITER_SPA,
+        AITER_SPARSE_PA,
         FP8_INDEXER,
     ),
 ]
@@ -88,7 +87,7 @@ def facts() -> list[dict[str, Any]]:
                 path = Path(tmp, "scenarios.json")
                 path.write_text(json.dumps(scenarios))
                 argv = ["-m", "sim.runner", "--platform", gpu, "--scenarios", str(path)]
-                for record in json_from_out_file(argv, None if plugin else STOCK):
+                for record in json_from_out_file(argv, None if plugin else STOCK_VLLM):
                     results[record["id"]] = record
         for name, label, gpu, _, _ in RECIPES:
             result = results[name]
