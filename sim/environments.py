@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_minimax_m3_kv.config.indexer_precision import AITER_ENV, SHUFFLE_KV_ENV
+from vllm_minimax_m3_kv.config.pool_facts import AITER_ENV, SHUFFLE_KV_ENV
 
 AITER_SPARSE_PA = {AITER_ENV: "1", SHUFFLE_KV_ENV: "1"}
 """AITER on with its sparse paged attention (and the AITER MSA indexer)."""

@@ -72,12 +72,9 @@ def main() -> None:
 
     load_general_plugins()
     from vllm_minimax_m3_kv.config.facts import live_platform_facts
-    from vllm_minimax_m3_kv.config.indexer_precision import (
-        Outcome,
-        PrecisionFacts,
-        SparseShape,
-        decide,
-    )
+    from vllm_minimax_m3_kv.config.indexer_precision import decide
+    from vllm_minimax_m3_kv.config.pool_facts import PrecisionFacts, SparseShape
+    from vllm_minimax_m3_kv.config.verdicts import Outcome
 
     rows = []
     for aiter, shuffle, shape, length in itertools.product("01", "01", SHAPES, LENGTHS):

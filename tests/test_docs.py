@@ -16,7 +16,20 @@ import pytest
 
 from sim.process import REPO, json_from_stdout
 from vllm_minimax_m3_kv._versions import vllm_source_root
-from vllm_minimax_m3_kv.config import indexer_precision as policy
+from vllm_minimax_m3_kv.config.indexer_precision import decide
+from vllm_minimax_m3_kv.config.pool_facts import (
+    AITER_ENV,
+    SHUFFLE_KV_ENV,
+    PlatformFacts,
+    PoolLayers,
+    PrecisionFacts,
+    SparseShape,
+)
+from vllm_minimax_m3_kv.config.refusals import MIXED_POOL_HAZARD
+from vllm_minimax_m3_kv.config.stock_vllm import (
+    VLLM_CANNOT_BUILD,
+    bf16_pool_vllm_cannot_build,
+)
 from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -62,7 +75,7 @@ def _policy_messages() -> list[str]:
     platforms = []
     # As the live hook names the GPU, and as check names a --target.
     for name in ("ROCm gfx950", "ROCm gfx950 (MI355X)"):
-        rocm = policy.PlatformFacts(
+        rocm = PlatformFacts(
             name,
             "rocm",
             rocm_gfx950=True,
@@ -75,23 +88,21 @@ def _policy_messages() -> list[str]:
         platforms += [
             rocm,
             off,
-            dataclasses.replace(
-                off, unset_env=frozenset({policy.AITER_ENV, policy.SHUFFLE_KV_ENV})
-            ),
+            dataclasses.replace(off, unset_env=frozenset({AITER_ENV, SHUFFLE_KV_ENV})),
             dataclasses.replace(rocm, aiter_installed=False, aiter_msa_kernels=False),
             dataclasses.replace(rocm, aiter_msa_kernels=False),
         ]
     platforms += [
-        policy.PlatformFacts(
+        PlatformFacts(
             "ROCm gfx942 (MI300X)",
             "rocm",
             aiter_enabled=True,
             shuffle_kv_cache_layout=True,
         ),
-        policy.PlatformFacts("CUDA sm_103", "cuda", cuda_supports_fp8=True),
-        policy.PlatformFacts("CUDA sm_80", "cuda"),
+        PlatformFacts("CUDA sm_103", "cuda", cuda_supports_fp8=True),
+        PlatformFacts("CUDA sm_80", "cuda"),
     ]
-    published = policy.PoolLayers(num_layers=5, sparse=frozenset({3, 4}))
+    published = PoolLayers(num_layers=5, sparse=frozenset({3, 4}))
     layouts = [
         published,
         dataclasses.replace(published, skip_requested=frozenset({0})),
@@ -99,7 +110,7 @@ def _policy_messages() -> list[str]:
         dataclasses.replace(
             published, skip_requested=frozenset({0, 1}), pp_stage_starts=(0, 3)
         ),
-        policy.PoolLayers(num_layers=5, sparse=frozenset()),
+        PoolLayers(num_layers=5, sparse=frozenset()),
     ]
     messages = []
     for platform, kv, indexer, allow_mixed, layers in itertools.product(
@@ -115,7 +126,7 @@ def _policy_messages() -> list[str]:
             # Two KV heads per rank: AITER sparse PA keeps vLLM's Triton
             # indexer out, so the MSA indexer's own limits are what refuse.
             {"max_model_len": 2_000_000, "kv_heads_per_rank": 2},
-            {"shape": policy.SparseShape(topk_blocks=32)},
+            {"shape": SparseShape(topk_blocks=32)},
             {"indexer_cp": True},
             {"model_dtype": "float16"},
             {"draft_kv_cache_dtype": "auto"},
@@ -126,7 +137,7 @@ def _policy_messages() -> list[str]:
                 "auto_kv_cache_dtype": kv,
             },
         ):
-            facts = policy.PrecisionFacts(
+            facts = PrecisionFacts(
                 platform=platform,
                 kv_cache_dtype=kv,
                 indexer_kv_dtype=indexer,
@@ -136,13 +147,13 @@ def _policy_messages() -> list[str]:
                 layers=layers,
                 **extra,
             )
-            verdict = policy.decide(facts)
+            verdict = decide(facts)
             messages += [
                 verdict.message,
                 f"MiniMax-M3 {verdict.reason}.",
                 *verdict.notes,
             ]
-            if (unbuildable := policy.bf16_pool_vllm_cannot_build(facts)) is not None:
+            if (unbuildable := bf16_pool_vllm_cannot_build(facts)) is not None:
                 messages.append(unbuildable.message)
     return messages
 
@@ -214,7 +225,7 @@ def test_every_fix_line_pastes_into_bash(tmp_path):
         assert proc.returncode == 0, (line, proc.stderr)
 
 
-REFUSAL_STARTS = ("MiniMax-M3 KV precision:", policy.VLLM_CANNOT_BUILD)
+REFUSAL_STARTS = ("MiniMax-M3 KV precision:", VLLM_CANNOT_BUILD)
 
 
 def test_a_refusal_says_what_where_and_why_in_one_short_first_line():
@@ -224,7 +235,7 @@ def test_a_refusal_says_what_where_and_why_in_one_short_first_line():
     once on its own line where the pool would be mixed."""
     refusals = {m for m in _policy_messages() if m.startswith(REFUSAL_STARTS)}
     assert len(refusals) > 1000
-    hazard = policy.MIXED_POOL_HAZARD
+    hazard = MIXED_POOL_HAZARD
     assert "(docs/mixed-pools.md)" in hazard
     with_hazard = 0
     for message in refusals:

@@ -8,20 +8,17 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from vllm_minimax_m3_kv.config.indexer_precision import (
-    MIXED_POOL_HAZARD,
+from vllm_minimax_m3_kv.config.indexer_precision import decide
+from vllm_minimax_m3_kv.config.pool_facts import (
     MSA_MAX_BLOCKS_PER_ROW,
-    Fix,
-    Outcome,
     PlatformFacts,
     PoolLayers,
     PrecisionFacts,
     SparseShape,
-    bf16_pool_vllm_cannot_build,
-    decide,
-    facts_with_fix,
-    fixed_facts,
 )
+from vllm_minimax_m3_kv.config.refusals import MIXED_POOL_HAZARD
+from vllm_minimax_m3_kv.config.stock_vllm import bf16_pool_vllm_cannot_build
+from vllm_minimax_m3_kv.config.verdicts import Fix, Outcome, facts_with_fix, fixed_facts
 from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
 
 MI355X = PlatformFacts(

@@ -9,20 +9,19 @@ import dataclasses
 import pytest
 
 from tests.config.test_indexer_precision import CP4, MI355X, MI355X_NO_AITER
-from vllm_minimax_m3_kv.config.indexer_precision import (
-    DRAFT_KV_CACHE_DTYPE_FLAG,
-    KV_CACHE_DTYPE_FLAG,
-    Outcome,
-    PoolLayers,
-    PrecisionFacts,
-    decide,
-    fixed_facts,
-)
+from vllm_minimax_m3_kv.config.indexer_precision import decide
 from vllm_minimax_m3_kv.config.kv_cache_dtype import (
     compressed_tensors_kv_cache,
     effective_main_kv_cache_dtype,
     modelopt_kv_cache,
 )
+from vllm_minimax_m3_kv.config.pool_facts import (
+    DRAFT_KV_CACHE_DTYPE_FLAG,
+    KV_CACHE_DTYPE_FLAG,
+    PoolLayers,
+    PrecisionFacts,
+)
+from vllm_minimax_m3_kv.config.verdicts import Outcome, fixed_facts
 
 SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
 CT = {"quant_method": "compressed-tensors", "kv_cache_scheme": SCHEME}
@@ -118,7 +117,7 @@ def test_refusal_fixes_turn_a_declared_cache_off_with_bfloat16():
 
 
 def test_a_fix_setting_auto_gets_the_checkpoints_dtype_back():
-    from vllm_minimax_m3_kv.config.indexer_precision import Fix
+    from vllm_minimax_m3_kv.config.verdicts import Fix
 
     bf16 = checkpoint_facts(kv_cache_dtype="bfloat16", kv_cache_flag="bfloat16")
     assert not bf16.kv_from_checkpoint

@@ -80,7 +80,7 @@ def offline(flags: dict, target: str) -> tuple[str, object]:
     """The same question asked the way ``check --target`` asks it: the hook
     judges for the named target while vLLM resolves the config."""
     from vllm_minimax_m3_kv.config.facts import judging_for
-    from vllm_minimax_m3_kv.config.indexer_precision import Outcome
+    from vllm_minimax_m3_kv.config.verdicts import Outcome
 
     with judging_for(target) as judgement:
         try:

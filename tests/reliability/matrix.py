@@ -58,7 +58,7 @@ from sim import engine as sim
 from sim.environments import AITER_SPARSE_PA
 from sim.hardware import set_aiter, simulate
 from tests.reliability.covering import pairwise_rows
-from vllm_minimax_m3_kv.config.indexer_precision import (
+from vllm_minimax_m3_kv.config.verdicts import (
     AITER_MSA_REQUIREMENT,
     AITER_REQUIREMENT,
     FIX_NEEDS,
@@ -1088,19 +1088,31 @@ def run_platform(
     return records
 
 
-RULE_TABLES = ("FP8_INDEXER_RULES", "PAIRING_RULES", "DRAFTER_RULES", "SCOPE_RULES")
+RULE_TABLES = (
+    ("vllm_gates", "FP8_INDEXER_RULES"),
+    ("indexer_precision", "PAIRING_RULES"),
+    ("indexer_precision", "DRAFTER_RULES"),
+    ("indexer_precision", "SCOPE_RULES"),
+)
+"""Each rule table, by the policy module that reads it."""
 
 
 def run_mutant(rule: str, size: str = "full") -> list[str]:
     """Mutation testing: the rule's witness slice with that one rule taken out
     of the policy. Returns the ids of the cells that then fail (the first)."""
-    from vllm_minimax_m3_kv.config import indexer_precision as policy
+    import importlib
 
-    saved = {table: getattr(policy, table) for table in RULE_TABLES}
-    for table, rules in saved.items():
-        setattr(policy, table, tuple(r for r in rules if r.name != rule))
-    policy.decide.cache_clear()  # verdicts remembered under the full tables
-    assert sum(map(len, (getattr(policy, t) for t in RULE_TABLES))) == (
+    from vllm_minimax_m3_kv.config.indexer_precision import decide
+
+    tables = [
+        (importlib.import_module(f"vllm_minimax_m3_kv.config.{module}"), name)
+        for module, name in RULE_TABLES
+    ]
+    saved = {(module, name): getattr(module, name) for module, name in tables}
+    for (module, name), rules in saved.items():
+        setattr(module, name, tuple(r for r in rules if r.name != rule))
+    decide.cache_clear()  # verdicts remembered under the full tables
+    assert sum(len(getattr(module, name)) for module, name in tables) == (
         sum(map(len, saved.values())) - 1
     ), rule
     # Outcomes depend on the rules: judge the slice afresh, then restore.
@@ -1114,9 +1126,9 @@ def run_mutant(rule: str, size: str = "full") -> list[str]:
             where=dict(item.split("=", 1) for item in where),
         )
     finally:
-        for table, rules in saved.items():
-            setattr(policy, table, rules)
-        policy.decide.cache_clear()
+        for (module, name), rules in saved.items():
+            setattr(module, name, rules)
+        decide.cache_clear()
         _results.clear()
     return [r["id"] for r in records if r.get("verdict", {}).get("outcome") == "defect"]
 

@@ -32,7 +32,14 @@ from tests.reliability.matrix import (
     parse_fixes,
 )
 from tests.reliability.report import count, run_mutants, stock_mismatches
-from vllm_minimax_m3_kv.config import indexer_precision as policy
+from vllm_minimax_m3_kv.config.indexer_precision import (
+    DRAFTER_RULES,
+    PAIRING_RULES,
+    SCOPE_RULES,
+    decide,
+)
+from vllm_minimax_m3_kv.config.pool_facts import PlatformFacts, PrecisionFacts
+from vllm_minimax_m3_kv.config.vllm_gates import FP8_INDEXER_RULES
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +97,9 @@ def test_launch_script_recipes_start_uniform(matrix):
 
 
 def test_fix_parsing_round_trips_the_policy_fixes():
-    verdict = policy.decide(
-        policy.PrecisionFacts(
-            platform=policy.PlatformFacts(
+    verdict = decide(
+        PrecisionFacts(
+            platform=PlatformFacts(
                 "ROCm gfx950",
                 "rocm",
                 rocm_gfx950=True,
@@ -143,10 +150,10 @@ def test_declared_sparse_layers_are_what_the_checkpoints_mark():
 
 
 def test_every_rule_is_listed():
-    names = {rule.name for rule in policy.FP8_INDEXER_RULES}
-    names |= {rule.name for rule in policy.PAIRING_RULES}
-    names |= {rule.name for rule in policy.DRAFTER_RULES}
-    names |= {rule.name for rule in policy.SCOPE_RULES}
+    names = {rule.name for rule in FP8_INDEXER_RULES}
+    names |= {rule.name for rule in PAIRING_RULES}
+    names |= {rule.name for rule in DRAFTER_RULES}
+    names |= {rule.name for rule in SCOPE_RULES}
     assert names == set(RULE_WITNESSES)
     assert all(args[0] in PLATFORMS for args in RULE_WITNESSES.values())
 

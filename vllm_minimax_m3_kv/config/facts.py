@@ -18,15 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllm_minimax_m3_kv.config.indexer_precision import (
-    AITER_ENV,
-    SHUFFLE_KV_ENV,
-    PlatformFacts,
-    PoolLayers,
-    PrecisionFacts,
-    SparseShape,
-    Verdict,
-)
 from vllm_minimax_m3_kv.config.kv_cache_dtype import (
     CheckpointKVCache,
     MainKVCacheDtype,
@@ -34,6 +25,15 @@ from vllm_minimax_m3_kv.config.kv_cache_dtype import (
     effective_main_kv_cache_dtype,
     modelopt_kv_cache,
 )
+from vllm_minimax_m3_kv.config.pool_facts import (
+    AITER_ENV,
+    SHUFFLE_KV_ENV,
+    PlatformFacts,
+    PoolLayers,
+    PrecisionFacts,
+    SparseShape,
+)
+from vllm_minimax_m3_kv.config.verdicts import Verdict
 from vllm_minimax_m3_kv.envs import allow_mixed_from_env
 
 if TYPE_CHECKING:

@@ -22,12 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_minimax_m3_kv.config.indexer_precision import (
-    AITER_ENV,
-    ALLOW_MIXED_ENV,
-    SHUFFLE_KV_ENV,
-    Fix,
-)
+from vllm_minimax_m3_kv.config.pool_facts import AITER_ENV, SHUFFLE_KV_ENV
+from vllm_minimax_m3_kv.config.verdicts import Fix
+from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
 
 SERVE = ("vllm", "serve")
 FIXED_COMMANDS_HEADING = "The same command with each fix applied, as it runs:"

@@ -9,7 +9,7 @@ import difflib
 from typing import ClassVar
 
 from vllm_minimax_m3_kv.config.facts import HERE, TARGETS
-from vllm_minimax_m3_kv.config.indexer_precision import ALLOW_MIXED_ENV
+from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
 
 PROG = "vllm-minimax-m3-kv check"
 EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3

@@ -18,7 +18,8 @@ from typing import Any
 
 from vllm_minimax_m3_kv import register
 from vllm_minimax_m3_kv.config.facts import HERE, TARGETS, is_minimax_m3, judging_for
-from vllm_minimax_m3_kv.config.indexer_precision import PrecisionFacts, Verdict
+from vllm_minimax_m3_kv.config.pool_facts import PrecisionFacts
+from vllm_minimax_m3_kv.config.verdicts import Verdict
 from vllm_minimax_m3_kv.entrypoints.check.arguments import CheckUsageError
 from vllm_minimax_m3_kv.entrypoints.check.early import (
     bundled_model_path,

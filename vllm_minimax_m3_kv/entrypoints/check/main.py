@@ -23,7 +23,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from vllm_minimax_m3_kv.config.indexer_precision import Outcome
+from vllm_minimax_m3_kv.config.verdicts import Outcome
 from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     EXIT_USAGE,
     PROG,

@@ -8,10 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_minimax_m3_kv.config.indexer_precision import (
-    FP8_E4M3_KV_CACHE_DTYPES,
-    Outcome,
-)
+from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_KV_CACHE_DTYPES
+from vllm_minimax_m3_kv.config.verdicts import Outcome
 from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     EXIT_MIXED,
     EXIT_OK,

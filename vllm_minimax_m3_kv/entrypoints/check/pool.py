@@ -11,21 +11,14 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_minimax_m3_kv.config.facts import HERE, target_platform_facts
-from vllm_minimax_m3_kv.config.indexer_precision import (
-    ALLOW_MIXED_ENV,
-    STOCK_INDEXER_DEFAULT,
-    Fix,
-    Outcome,
-    PrecisionFacts,
-    Verdict,
-    bf16_pool_vllm_cannot_build,
-    decide,
-    facts_with_fix,
-    stock_pool,
-)
+from vllm_minimax_m3_kv.config.indexer_precision import decide
+from vllm_minimax_m3_kv.config.pool_facts import STOCK_INDEXER_DEFAULT, PrecisionFacts
+from vllm_minimax_m3_kv.config.stock_vllm import bf16_pool_vllm_cannot_build, stock_pool
+from vllm_minimax_m3_kv.config.verdicts import Fix, Outcome, Verdict, facts_with_fix
 from vllm_minimax_m3_kv.entrypoints.check.early import versions_line
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 from vllm_minimax_m3_kv.entrypoints.fixed_commands import fix_edits
+from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
 
 ZEROER_NOT_BUILT = "not built"
 

@@ -11,12 +11,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm_minimax_m3_kv.config.facts import live_facts, record_judgement
-from vllm_minimax_m3_kv.config.indexer_precision import (
-    Outcome,
-    PrecisionFacts,
-    Verdict,
-    decide,
-)
+from vllm_minimax_m3_kv.config.indexer_precision import decide
+from vllm_minimax_m3_kv.config.pool_facts import PrecisionFacts
+from vllm_minimax_m3_kv.config.verdicts import Outcome, Verdict
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

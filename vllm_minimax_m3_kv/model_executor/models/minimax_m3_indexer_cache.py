@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_minimax_m3_kv.config.indexer_precision import FP8_E4M3_KV_CACHE_DTYPES
+from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_KV_CACHE_DTYPES
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -23,10 +23,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from vllm_minimax_m3_kv.config.indexer_precision import (
-    FP8_INDEXER_DTYPES,
-    ROCM_TRITON_INDEXER,
-)
+from vllm_minimax_m3_kv.config.pool_facts import FP8_INDEXER_DTYPES
+from vllm_minimax_m3_kv.config.vllm_gates import ROCM_TRITON_INDEXER
 
 
 def rocm_fp8_triton_indexer_applies(indexer_kv_dtype: str) -> bool:

@@ -80,7 +80,8 @@ def predicted_pool(vllm_config: VllmConfig) -> str | None:
     holds what it resolved, so the decision reads it back unchanged.
     """
     from vllm_minimax_m3_kv.config.facts import live_facts
-    from vllm_minimax_m3_kv.config.indexer_precision import Outcome, decide
+    from vllm_minimax_m3_kv.config.indexer_precision import decide
+    from vllm_minimax_m3_kv.config.verdicts import Outcome
 
     facts = live_facts(vllm_config)
     verdict = decide(facts)
@@ -156,7 +157,7 @@ def require_plugin_on_every_worker(
     import torch
     from vllm.v1.kv_cache_interface import KVQuantMode, SparseCacheRole
 
-    from vllm_minimax_m3_kv.config.indexer_precision import FP8_E4M3_KV_CACHE_DTYPES
+    from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_KV_CACHE_DTYPES
 
     if vllm_config.cache_config.cache_dtype not in FP8_E4M3_KV_CACHE_DTYPES:
         return

@@ -1,0 +1,105 @@
+"""What stock vLLM 0.33 builds for the same facts, with the plugin off (so
+``check`` can say what the plugin changes), and the bf16 pools vLLM itself
+fails to build (which the plugin leaves alone and ``check`` still reports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_minimax_m3_kv.config.indexer_precision import (
+    decide,
+)
+from vllm_minimax_m3_kv.config.pool_facts import (
+    BF16,
+    BF16_INDEXER_DTYPES,
+    KV_CACHE_DTYPE_FLAG,
+    STOCK_INDEXER_DEFAULT,
+    PrecisionFacts,
+)
+from vllm_minimax_m3_kv.config.refusals import (
+    bf16_fix,
+    describe_request,
+)
+from vllm_minimax_m3_kv.config.verdicts import (
+    Fix,
+    Outcome,
+    Verdict,
+    fixed_facts,
+)
+from vllm_minimax_m3_kv.config.vllm_gates import (
+    indexer_cp_needs_rocm_tp,
+)
+
+
+@dataclass(frozen=True)
+class StockPool:
+    """What stock vLLM 0.33 builds for the same facts, the plugin off."""
+
+    indexer_kv_dtype: str
+    uniform: bool
+
+
+VLLM_CANNOT_BUILD = "vLLM 0.33 fails to build this MiniMax-M3 KV pool at model build"
+"""How a bf16 pool vLLM itself cannot build is reported (by ``check``; the live
+hook leaves bf16 pools to vLLM, which raises its own error)."""
+
+
+def bf16_pool_vllm_cannot_build(facts: PrecisionFacts) -> Verdict | None:
+    """A pool with both caches bf16 (the plugin leaves it alone) that vLLM
+    0.33 fails to build for a reason the rules above model, as an ERROR
+    verdict with vLLM's reason and the fixes that build; None otherwise.
+
+    ``check`` promises what ``vllm serve`` does, so it reports these too.
+    """
+    both_bf16 = (
+        facts.main_cache_precision == BF16
+        and facts.indexer_kv_dtype in BF16_INDEXER_DTYPES
+    )
+    if not both_bf16 or not facts.layers.has_index_cache:
+        return None
+    reasons = []
+    cp = indexer_cp_needs_rocm_tp(facts)
+    if cp is not None:  # select_indexer_impl_cls raises, whatever the dtype
+        reasons.append(cp.reason)
+    if facts.platform.aiter_sparse_pa and facts.kv_heads_per_rank > 1:
+        # minimax_m3_use_aiter_sparse_pa: "MiniMax M3 AITER sparse paged
+        # attention requires num_kv_heads == 1 per tensor-parallel rank".
+        reasons.append(
+            "AITER sparse paged attention serves more than one KV head per "
+            "rank only beside the AITER MSA indexer's page table, which needs "
+            f"an fp8 index cache, and tensor_parallel_size="
+            f"{facts.tensor_parallel_size} leaves {facts.kv_heads_per_rank}"
+        )
+    if not reasons:
+        return None
+    fixes = [bf16_fix(facts, "both caches bf16, as vLLM builds them")]
+    fp8 = Fix("fp8 both: an fp8 KV cache", flags=((KV_CACHE_DTYPE_FLAG, "fp8"),))
+    if decide(fixed_facts(facts, fp8)).outcome is Outcome.INHERITED:
+        fixes.insert(0, fp8)
+    return Verdict(
+        Outcome.ERROR,
+        facts.indexer_kv_dtype,
+        f"{VLLM_CANNOT_BUILD}: {describe_request(facts)}, both caches bf16.\n"
+        f"Because {'; and '.join(reasons)}.",
+        fixes=tuple(fixes),
+    )
+
+
+def stock_pool(facts: PrecisionFacts) -> StockPool:
+    """Stock vLLM 0.33: ``auto`` is a bf16 index cache whatever the KV cache,
+    and an index cache is described by its own dtype with no quantization
+    mode, so beside any quantized main cache (fp8 ones included) vLLM counts
+    two precisions. Used by ``check`` to say what the plugin changes."""
+    indexer = (
+        STOCK_INDEXER_DEFAULT
+        if facts.indexer_kv_dtype == "auto"
+        else facts.indexer_kv_dtype
+    )
+    kinds = {facts.main_cache_precision}
+    if facts.unquantized_dense_layers:
+        kinds.add(facts.model_dtype)
+    if facts.draft_kv_cache_dtype is not None:
+        kinds.add(facts.draft_cache_precision)
+    if facts.layers.has_index_cache:
+        kinds.add(BF16 if indexer in BF16_INDEXER_DTYPES else f"{indexer} index cache")
+    return StockPool(indexer, len(kinds) == 1)
