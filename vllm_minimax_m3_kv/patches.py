@@ -13,7 +13,7 @@ the plugin on a vLLM carrying the fix.
 Outside this registry, and never while serving: the offline ``check`` command,
 on a vLLM carrying the fix, runs the plugin's hook in place of vLLM's own
 MiniMax-M3 decision for its one validation run, so it judges the target GPU,
-then restores it (``entrypoints/check.py``, ``_native_decision_stands_aside``).
+then restores it (``entrypoints/check/judge.py``, ``_native_decision_stands_aside``).
 """
 
 from __future__ import annotations
