@@ -64,6 +64,51 @@ def _pool_layers(vllm_config: Any) -> dict[str, list[int]]:
     }
 
 
+def _modules_entered(call: Any) -> list[str]:
+    """The plugin modules ``call`` enters, in order: one entry each time
+    control passes into a module from another (returns are not entries;
+    dataclass-generated methods belong to their caller)."""
+    entered: list[str] = []
+
+    def profile(frame: Any, event: str, _: Any) -> None:
+        if event != "call" or frame.f_code.co_filename == "<string>":
+            return
+        module = frame.f_globals.get("__name__", "")
+        caller = frame.f_back
+        while caller is not None and caller.f_code.co_filename == "<string>":
+            caller = caller.f_back
+        came_from = caller.f_globals.get("__name__", "") if caller else ""
+        if module.startswith("vllm_minimax_m3_kv") and module != came_from:
+            entered.append(module)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+def _fact_walk(vllm_config: Any) -> dict[str, Any]:
+    """How gathering the policy's facts walks the plugin's modules, on a
+    fresh copy of the model config (nothing cached) and then again."""
+    import copy
+
+    from vllm_minimax_m3_kv.config.facts import live_facts, model_facts
+
+    fresh = copy.copy(vllm_config)
+    fresh.model_config = copy.copy(vllm_config.model_config)
+    cold = _modules_entered(lambda: live_facts(fresh))
+    warm = _modules_entered(lambda: live_facts(fresh))
+    return {
+        "cold": cold,
+        "warm": warm,
+        "same_facts": live_facts(fresh) == live_facts(vllm_config),
+        "model_facts_kept": model_facts(fresh.model_config)
+        is model_facts(fresh.model_config),
+    }
+
+
 def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
     import vllm.logger
 
@@ -88,6 +133,8 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
         result["indexer_kv_dtype"] = vllm_config.attention_config.indexer_kv_dtype
         if vllm_config.model_config.architecture.startswith("MiniMaxM3"):
             result["pool_layers"] = _pool_layers(vllm_config)
+            if scenario.get("fact_walk"):
+                result["fact_walk"] = _fact_walk(vllm_config)
         if not scenario.get("build", True):
             return result
         try:

@@ -375,6 +375,13 @@ def test_every_error_has_a_fix(case):
 
 
 @given(facts_space)
+def test_every_fix_line_reads_back_as_the_fix_it_renders(case):
+    # What a user pastes is what the matrix applies: Fix.parse inverts render.
+    for fix in decide(case).fixes:
+        assert Fix.parse(fix.render()) == fix, fix.render()
+
+
+@given(facts_space)
 def test_every_uniform_verdict_is_fp8_e4m3_on_both_sides(case):
     verdict = decide(case)
     if verdict.uniform:

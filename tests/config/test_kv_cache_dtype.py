@@ -11,8 +11,8 @@ import pytest
 from tests.config.test_indexer_precision import CP4, MI355X, MI355X_NO_AITER
 from vllm_minimax_m3_kv.config.indexer_precision import decide
 from vllm_minimax_m3_kv.config.kv_cache_dtype import (
+    applied_kv_cache,
     compressed_tensors_kv_cache,
-    effective_main_kv_cache_dtype,
     modelopt_kv_cache,
 )
 from vllm_minimax_m3_kv.config.pool_facts import (
@@ -20,6 +20,7 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     KV_CACHE_DTYPE_FLAG,
     PoolLayers,
     PrecisionFacts,
+    kv_cache_dtype_for,
 )
 from vllm_minimax_m3_kv.config.verdicts import Outcome, fixed_facts
 
@@ -66,20 +67,28 @@ def test_modelopt_is_what_vllms_own_mapping_resolved():
 def test_effective_dtype_follows_where_vllm_applies_the_scheme(
     flag, dense_layers, expected
 ):
-    main = effective_main_kv_cache_dtype(flag, CT_DECLARED, dense_layers)
-    assert main.dtype == expected
-    assert main.from_checkpoint == (flag == "auto" and dense_layers)
+    auto = applied_kv_cache(CT_DECLARED, dense_layers)
+    main = PrecisionFacts(
+        platform=MI355X,
+        kv_cache_dtype=kv_cache_dtype_for(flag, auto and auto.dtype),
+        kv_cache_flag=flag,
+        kv_cache_source=auto and auto.field,
+        auto_kv_cache_dtype=auto and auto.dtype,
+        indexer_kv_dtype="auto",
+        max_model_len=8192,
+    )
+    assert main.kv_cache_dtype == expected
+    assert main.kv_from_checkpoint == (flag == "auto" and dense_layers)
 
 
 def checkpoint_facts(platform=MI355X, **changes) -> PrecisionFacts:
-    main = effective_main_kv_cache_dtype("auto", CT_DECLARED, True)
     assert CT_DECLARED is not None
     facts = PrecisionFacts(
         platform=platform,
-        kv_cache_dtype=main.dtype,
-        kv_cache_flag=main.flag,
+        kv_cache_dtype=CT_DECLARED.dtype,
+        kv_cache_flag="auto",
         kv_cache_source=CT_DECLARED.field,
-        auto_kv_cache_dtype=main.auto,
+        auto_kv_cache_dtype=CT_DECLARED.dtype,
         indexer_kv_dtype="auto",
         max_model_len=8192,
         tensor_parallel_size=8,

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import shlex
 import sys
 import traceback
 from dataclasses import asdict, dataclass, replace
@@ -61,9 +60,7 @@ from tests.reliability.covering import pairwise_rows
 from vllm_minimax_m3_kv.config.verdicts import (
     AITER_MSA_REQUIREMENT,
     AITER_REQUIREMENT,
-    FIX_NEEDS,
-    FIX_NOTE_SEPARATOR,
-    FIX_REMOVES,
+    Fix,
 )
 
 AITER_ONLY = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
@@ -684,31 +681,16 @@ def parse_fixes(message: str) -> list[dict[str, Any]]:
     """The fixes a user reads in the error text, as env and flag pairs."""
     if "Fix with one of:" not in message:
         return []
-    fixes = []
-    for line in message.split("Fix with one of:", 1)[1].strip().splitlines():
-        # A shell line: variables and flags, then "# what it does; remove
-        # FLAG from the command; needs SOFTWARE".
-        command, _, comment = f" {line.strip()}".partition(" # ")
-        notes = comment.split(FIX_NOTE_SEPARATOR)[1:]
-        requires = [n.removeprefix(FIX_NEEDS) for n in notes if n.startswith(FIX_NEEDS)]
-        without = [
-            n.removeprefix(FIX_REMOVES).split()[0]
-            for n in notes
-            if n.startswith(FIX_REMOVES)
-        ]
-        words = iter(shlex.split(command))
-        env: dict[str, str] = {}
-        flags: list[list[str]] = []
-        for word in words:
-            if word.startswith("--"):
-                flags.append([word, next(words)])
-            else:
-                name, value = word.split("=", 1)
-                env[name] = value
-        fixes.append(
-            {"env": env, "flags": flags, "requires": requires, "without": without}
-        )
-    return fixes
+    lines = message.split("Fix with one of:", 1)[1].strip().splitlines()
+    return [
+        {
+            "env": dict(fix.env),
+            "flags": [list(pair) for pair in fix.flags],
+            "requires": list(fix.requires),
+            "without": list(fix.without),
+        }
+        for fix in map(Fix.parse, lines)
+    ]
 
 
 # What a user installs for each requirement, as the stand-in applies it.

@@ -12,19 +12,14 @@ import contextlib
 import functools
 import importlib.util
 import os
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllm_minimax_m3_kv.config.kv_cache_dtype import (
-    CheckpointKVCache,
-    MainKVCacheDtype,
-    compressed_tensors_kv_cache,
-    effective_main_kv_cache_dtype,
-    modelopt_kv_cache,
-)
+from vllm_minimax_m3_kv.config.kv_cache_dtype import CheckpointKVCache, auto_kv_cache
 from vllm_minimax_m3_kv.config.pool_facts import (
     AITER_ENV,
     SHUFFLE_KV_ENV,
@@ -32,6 +27,7 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     PoolLayers,
     PrecisionFacts,
     SparseShape,
+    kv_cache_dtype_for,
 )
 from vllm_minimax_m3_kv.config.verdicts import Verdict
 from vllm_minimax_m3_kv.envs import allow_mixed_from_env
@@ -210,35 +206,68 @@ def is_minimax_m3(model_config: ModelConfig | None) -> bool:
     )
 
 
-def sparse_shape(model_config: ModelConfig) -> SparseShape:
-    """The checkpoint's sparse-attention shape (the kernels' defaults if the
-    checkpoint has no ``sparse_attention_config``)."""
-    sparse = getattr(model_config.hf_text_config, "sparse_attention_config", None)
-    if not sparse:
-        return SparseShape()
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the policy reads from the model config alone."""
+
+    num_layers: int
+    sparse: frozenset[int]
+    """The layers vLLM builds with sparse attention (and an index cache): as
+    ``_sparse_attention_layer_ids`` in ``models/minimax_m3/{amd,nvidia}/
+    model.py``, ``sparse_attention_freq`` alone (no model code reads
+    ``use_sparse_attention``)."""
+    shape: SparseShape
+    num_kv_heads: int
+    model_dtype: str
+    auto_kv_cache: CheckpointKVCache | None
+    """What ``--kv-cache-dtype auto`` stores: the checkpoint's declaration
+    where vLLM applies it (None: the model dtype)."""
+
+
+_model_facts: dict[int, tuple[weakref.ref[Any], ModelFacts]] = {}
+
+
+def model_facts(model_config: ModelConfig) -> ModelFacts:
+    """The model's facts, read once per ``ModelConfig`` object: the hook, the
+    zeroing patch and ``check`` ask for them, and every read of the HF config
+    goes through transformers' ``__getattribute__``."""
+    key = id(model_config)
+    if (cached := _model_facts.get(key)) is not None and cached[0]() is model_config:
+        return cached[1]
+    text = model_config.hf_text_config
+    sparse_config = getattr(text, "sparse_attention_config", None) or {}
+    num_layers = int(text.num_hidden_layers)
+    freq = sparse_config.get("sparse_attention_freq") or ()
+    sparse = frozenset(i for i, flag in enumerate(freq) if flag != 0)
     defaults = SparseShape()
-    return SparseShape(
-        topk_blocks=int(sparse.get("sparse_topk_blocks", defaults.topk_blocks)),
-        sparse_block_size=int(
-            sparse.get("sparse_block_size", defaults.sparse_block_size)
+    facts = ModelFacts(
+        num_layers=num_layers,
+        sparse=sparse,
+        # The kernels' defaults where the checkpoint has no sparse config.
+        shape=SparseShape(
+            topk_blocks=int(
+                sparse_config.get("sparse_topk_blocks", defaults.topk_blocks)
+            ),
+            sparse_block_size=int(
+                sparse_config.get("sparse_block_size", defaults.sparse_block_size)
+            ),
+            index_head_dim=int(
+                sparse_config.get("sparse_index_dim", defaults.index_head_dim)
+            ),
+            score_type=str(sparse_config.get("sparse_score_type", defaults.score_type)),
         ),
-        index_head_dim=int(sparse.get("sparse_index_dim", defaults.index_head_dim)),
-        score_type=str(sparse.get("sparse_score_type", defaults.score_type)),
+        num_kv_heads=int(text.num_key_value_heads),
+        model_dtype=model_dtype_name(model_config),
+        # MiniMax-M3's dense layers are vLLM's generic Attention.
+        auto_kv_cache=auto_kv_cache(
+            model_config, builds_generic_attention=len(sparse) < num_layers
+        ),
     )
-
-
-def sparse_layer_ids(model_config: ModelConfig) -> frozenset[int]:
-    """The layers vLLM builds with sparse attention (and an index cache).
-
-    As ``_sparse_attention_layer_ids`` in ``models/minimax_m3/{amd,nvidia}/
-    model.py``: ``sparse_attention_freq`` alone; no model code reads
-    ``use_sparse_attention``.
-    """
-    sparse = getattr(model_config.hf_text_config, "sparse_attention_config", None)
-    freq = (sparse or {}).get("sparse_attention_freq")
-    if freq is None:
-        return frozenset()
-    return frozenset(i for i, flag in enumerate(freq) if flag != 0)
+    _model_facts[key] = (
+        weakref.ref(model_config, lambda _: _model_facts.pop(key, None)),
+        facts,
+    )
+    return facts
 
 
 def skip_layer_ids(cache_config: CacheConfig) -> frozenset[int]:
@@ -262,85 +291,16 @@ def _pp_stage_starts(num_layers: int, pipeline_parallel_size: int) -> tuple[int,
     )
 
 
-def pool_layers(
-    model_config: ModelConfig,
-    cache_config: CacheConfig,
-    pipeline_parallel_size: int = 1,
-    speculative_config: Any = None,
-) -> PoolLayers:
-    """Which layers hold which caches, as vLLM's MiniMax-M3 model builds them."""
-    num_layers = int(model_config.hf_text_config.num_hidden_layers)
-    return PoolLayers(
-        num_layers=num_layers,
-        sparse=sparse_layer_ids(model_config),
-        skip_requested=skip_layer_ids(cache_config),
-        # MiniMaxM3MTP builds its one layer with force_sparse_attn=True.
-        drafter_index_cache=_speculative_method(speculative_config) in MTP_METHODS,
-        pp_stage_starts=_pp_stage_starts(num_layers, pipeline_parallel_size),
-    )
-
-
 # vLLM normalises "minimax_m3_mtp" to "mtp"; a MiniMax-M3 target's MTP drafter
 # is always MiniMaxM3MTP.
 MTP_METHODS = ("mtp", "minimax_m3_mtp")
 
 
-def _speculative_method(speculative_config: Any) -> str | None:
-    if speculative_config is None:
-        return None
+def _speculative_field(speculative_config: Any, name: str) -> Any:
+    # A SpeculativeConfig, or its CLI dict before vLLM builds one.
     if isinstance(speculative_config, dict):
-        return speculative_config.get("method")
-    return getattr(speculative_config, "method", None)
-
-
-def checkpoint_quant_config(model_config: ModelConfig) -> Mapping[str, Any] | None:
-    """The checkpoint's quantization config, where ``get_quant_config``
-    (``model_executor/model_loader/weight_utils.py``) reads it: the HF
-    config, else its text config, else compressed-tensors'
-    ``compression_config``."""
-    hf_config = model_config.hf_config
-    quant = getattr(hf_config, "quantization_config", None)
-    text_config = getattr(hf_config, "text_config", None)
-    if quant is None and text_config is not None:
-        quant = getattr(text_config, "quantization_config", None)
-    if quant is None:
-        quant = getattr(hf_config, "compression_config", None)
-    if quant is not None and not isinstance(quant, Mapping):
-        quant = quant.to_dict() if hasattr(quant, "to_dict") else None
-    return quant
-
-
-def checkpoint_kv_cache(model_config: ModelConfig) -> CheckpointKVCache | None:
-    """The KV cache dtype the checkpoint declares, by vLLM's own rules."""
-    quant = checkpoint_quant_config(model_config)
-    if not quant:
-        return None
-    found = compressed_tensors_kv_cache(quant, model_config.quantization)
-    if found is not None:
-        return found
-    # vLLM's own modelopt mapping, as resolve_kv_cache_dtype_string (called by
-    # EngineArgs.create_engine_config) applies it to hf_config's config.
-    hf_quant = getattr(model_config.hf_config, "quantization_config", None)
-    if not str((hf_quant or {}).get("quant_method", "")).startswith("modelopt"):
-        return None
-    from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
-
-    return modelopt_kv_cache(
-        hf_quant, resolve_kv_cache_dtype_string("auto", model_config)
-    )
-
-
-def main_kv_cache_dtype(
-    model_config: ModelConfig, cache_config: CacheConfig, layers: PoolLayers
-) -> MainKVCacheDtype:
-    """What every main cache layer will store: the flag, or the checkpoint's
-    declaration where vLLM applies it (``config/kv_cache_dtype.py``)."""
-    return effective_main_kv_cache_dtype(
-        str(cache_config.cache_dtype),
-        checkpoint_kv_cache(model_config),
-        # MiniMax-M3's dense layers are vLLM's generic Attention.
-        builds_generic_attention=len(layers.sparse) < layers.num_layers,
-    )
+        return speculative_config.get(name)
+    return getattr(speculative_config, name, None)
 
 
 def precision_facts(
@@ -353,36 +313,41 @@ def precision_facts(
     pipeline_parallel_size: int = 1,
     speculative_config: Any = None,
 ) -> PrecisionFacts:
-    """The policy's facts from vLLM's config objects (resolved or not)."""
-    layers = pool_layers(
-        model_config, cache_config, pipeline_parallel_size, speculative_config
-    )
-    main = main_kv_cache_dtype(model_config, cache_config, layers)
+    """The policy's facts from vLLM's config objects (resolved or not), in one
+    pass: each config field read once, where vLLM reads it."""
+    model = model_facts(model_config)
+    auto = model.auto_kv_cache
+    flag = str(cache_config.cache_dtype)
+    if auto is not None and not auto.applied_at_model_build and flag == auto.dtype:
+        # modelopt's auto, resolved by create_engine_config before the hooks.
+        flag = "auto"
+    draft_kv = _speculative_field(speculative_config, "kv_cache_dtype")
     return PrecisionFacts(
         platform=platform,
-        kv_cache_dtype=main.dtype,
-        # modelopt's auto was resolved before the hooks: record it as auto.
-        kv_cache_flag="auto" if main.from_checkpoint else main.flag,
-        kv_cache_source=(
-            main.checkpoint.field
-            if main.checkpoint is not None and main.auto != "auto"
-            else None
-        ),
-        auto_kv_cache_dtype=None if main.auto == "auto" else main.auto,
+        kv_cache_dtype=kv_cache_dtype_for(flag, None if auto is None else auto.dtype),
+        kv_cache_flag=flag,
+        kv_cache_source=None if auto is None else auto.field,
+        auto_kv_cache_dtype=None if auto is None else auto.dtype,
         indexer_kv_dtype=str(attention_config.indexer_kv_dtype),
         max_model_len=int(model_config.max_model_len),
-        shape=sparse_shape(model_config),
+        shape=model.shape,
         tensor_parallel_size=int(tensor_parallel_size),
-        kv_heads_per_rank=max(
-            1,
-            int(model_config.hf_text_config.num_key_value_heads)
-            // tensor_parallel_size,
-        ),
+        kv_heads_per_rank=max(1, model.num_kv_heads // tensor_parallel_size),
         indexer_cp=bool(attention_config.minimax_m3_indexer_cp),
-        model_dtype=model_dtype_name(model_config),
+        model_dtype=model.model_dtype,
         allow_mixed=allow_mixed_from_env(),
-        draft_kv_cache_dtype=draft_kv_cache_dtype(speculative_config),
-        layers=layers,
+        draft_kv_cache_dtype=None if draft_kv is None else str(draft_kv),
+        layers=PoolLayers(
+            num_layers=model.num_layers,
+            sparse=model.sparse,
+            skip_requested=skip_layer_ids(cache_config),
+            # MiniMaxM3MTP builds its one layer with force_sparse_attn=True.
+            drafter_index_cache=(
+                speculative_config is not None
+                and _speculative_field(speculative_config, "method") in MTP_METHODS
+            ),
+            pp_stage_starts=_pp_stage_starts(model.num_layers, pipeline_parallel_size),
+        ),
     )
 
 
@@ -398,14 +363,3 @@ def live_facts(vllm_config: VllmConfig) -> PrecisionFacts:
         pipeline_parallel_size=parallel.pipeline_parallel_size,
         speculative_config=vllm_config.speculative_config,
     )
-
-
-def draft_kv_cache_dtype(speculative_config: Any) -> str | None:
-    """The drafter's own KV dtype from a SpeculativeConfig or its CLI dict."""
-    if speculative_config is None:
-        return None
-    if isinstance(speculative_config, dict):
-        value = speculative_config.get("kv_cache_dtype")
-    else:
-        value = getattr(speculative_config, "kv_cache_dtype", None)
-    return None if value is None else str(value)

@@ -28,9 +28,9 @@ class KVBytes:
 
 
 def sparse_layer_count(model_config: ModelConfig) -> int:
-    from vllm_minimax_m3_kv.config.facts import sparse_layer_ids
+    from vllm_minimax_m3_kv.config.facts import model_facts
 
-    return len(sparse_layer_ids(model_config))
+    return len(model_facts(model_config).sparse)
 
 
 def kv_bytes_per_token(

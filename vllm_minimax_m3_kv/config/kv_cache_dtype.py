@@ -16,15 +16,20 @@ the other, and vLLM applies it in two places:
   sparse layer built before the first dense one, or on a pipeline stage with
   no dense layer, keeps the model dtype.
 
-Nothing here imports vLLM: :mod:`vllm_minimax_m3_kv.config.facts` reads the
-fields where vLLM reads them and calls vLLM's own modelopt mapping.
+This module reads the checkpoint where vLLM reads it and answers one
+question, :func:`auto_kv_cache`: what ``--kv-cache-dtype auto`` gives on this
+model. It imports vLLM only for vLLM's own modelopt mapping.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm.config import ModelConfig
 
 COMPRESSED_TENSORS = "compressed-tensors"
 # What Attention.__init__ writes for any compressed-tensors kv_cache_scheme.
@@ -44,11 +49,12 @@ class CheckpointKVCache:
     applied_at_model_build: bool
     """vLLM applies it only while building layers (compressed-tensors)."""
 
-    @property
-    def field(self) -> str:
-        """Which checkpoint field declares it, e.g. ``compressed-tensors
-        kv_cache_scheme``."""
-        return f"{self.method} {self.key}"
+    field: str = dataclasses.field(init=False, compare=False)
+    """Which checkpoint field declares it, e.g. ``compressed-tensors
+    kv_cache_scheme``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "field", f"{self.method} {self.key}")
 
 
 def compressed_tensors_kv_cache(
@@ -89,50 +95,63 @@ def modelopt_kv_cache(
     return CheckpointKVCache(str(resolved), method, key, applied_at_model_build=False)
 
 
-@dataclass(frozen=True)
-class MainKVCacheDtype:
-    """What every main cache layer stores, and where that came from."""
+def applied_kv_cache(
+    declared: CheckpointKVCache | None, builds_generic_attention: bool
+) -> CheckpointKVCache | None:
+    """The declaration vLLM gives ``--kv-cache-dtype auto``, if it applies.
 
-    dtype: str
-    """The effective value (``auto``: the model dtype)."""
-    flag: str
-    """``cache_config.cache_dtype`` as the config hooks see it."""
-    auto: str = "auto"
-    """What ``--kv-cache-dtype auto`` gives here (``auto``: the model dtype)."""
-    checkpoint: CheckpointKVCache | None = None
-    """What the checkpoint declares, whether or not it applies."""
-
-    @property
-    def from_checkpoint(self) -> bool:
-        """The dtype is the checkpoint's: ``auto`` resolved to it (modelopt's
-        is resolved before the hooks, so its flag already holds it)."""
-        return (
-            self.checkpoint is not None
-            and self.auto != "auto"
-            and self.auto == self.dtype
-            and (self.flag == "auto" or not self.checkpoint.applied_at_model_build)
-        )
-
-    @property
-    def resolved_at_model_build(self) -> bool:
-        """vLLM itself would only reach this dtype while building layers."""
-        return self.dtype != self.flag
-
-
-def effective_main_kv_cache_dtype(
-    flag: str,
-    checkpoint: CheckpointKVCache | None,
-    builds_generic_attention: bool,
-) -> MainKVCacheDtype:
-    """The main KV cache dtype the model will build.
-
-    ``builds_generic_attention``: the target has a layer vLLM builds with its
+    ``builds_generic_attention``: the model has a layer vLLM builds with its
     generic ``Attention`` (a MiniMax-M3 dense layer), the only place vLLM
     applies a compressed-tensors ``kv_cache_scheme``. Without one, vLLM
     ignores the scheme and ``auto`` stays the model dtype.
     """
-    applies = checkpoint is not None and (
-        builds_generic_attention or not checkpoint.applied_at_model_build
+    if declared is None:
+        return None
+    if declared.applied_at_model_build and not builds_generic_attention:
+        return None
+    return declared
+
+
+def checkpoint_quant_config(model_config: ModelConfig) -> Mapping[str, Any] | None:
+    """The checkpoint's quantization config, where ``get_quant_config``
+    (``model_executor/model_loader/weight_utils.py``) reads it: the HF
+    config, else its text config, else compressed-tensors'
+    ``compression_config``."""
+    hf_config = model_config.hf_config
+    quant = getattr(hf_config, "quantization_config", None)
+    text_config = getattr(hf_config, "text_config", None)
+    if quant is None and text_config is not None:
+        quant = getattr(text_config, "quantization_config", None)
+    if quant is None:
+        quant = getattr(hf_config, "compression_config", None)
+    if quant is not None and not isinstance(quant, Mapping):
+        quant = quant.to_dict() if hasattr(quant, "to_dict") else None
+    return quant
+
+
+def checkpoint_kv_cache(model_config: ModelConfig) -> CheckpointKVCache | None:
+    """The KV cache dtype the checkpoint declares, by vLLM's own rules."""
+    quant = checkpoint_quant_config(model_config)
+    if not quant:
+        return None
+    found = compressed_tensors_kv_cache(quant, model_config.quantization)
+    if found is not None:
+        return found
+    # vLLM's own modelopt mapping, as resolve_kv_cache_dtype_string (called by
+    # EngineArgs.create_engine_config) applies it to hf_config's config.
+    hf_quant = getattr(model_config.hf_config, "quantization_config", None)
+    if not str((hf_quant or {}).get("quant_method", "")).startswith("modelopt"):
+        return None
+    from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
+
+    return modelopt_kv_cache(
+        hf_quant, resolve_kv_cache_dtype_string("auto", model_config)
     )
-    auto = checkpoint.dtype if applies and checkpoint is not None else "auto"
-    return MainKVCacheDtype(auto if flag == "auto" else flag, flag, auto, checkpoint)
+
+
+def auto_kv_cache(
+    model_config: ModelConfig, builds_generic_attention: bool
+) -> CheckpointKVCache | None:
+    """What ``--kv-cache-dtype auto`` stores on this model: the checkpoint's
+    declaration where vLLM applies it, else None (the model dtype)."""
+    return applied_kv_cache(checkpoint_kv_cache(model_config), builds_generic_attention)

@@ -174,6 +174,12 @@ class PoolLayers:
         )
 
 
+def kv_cache_dtype_for(flag: str, auto_kv_cache_dtype: str | None) -> str:
+    """What a ``--kv-cache-dtype`` value stores, given what ``auto`` gives
+    (None: the model dtype, spelled ``auto``)."""
+    return (auto_kv_cache_dtype or flag) if flag == "auto" else flag
+
+
 @dataclass(frozen=True)
 class PrecisionFacts:
     platform: PlatformFacts
@@ -221,7 +227,7 @@ class PrecisionFacts:
 
     def resolve_kv_cache_dtype(self, flag: str) -> str:
         """The dtype a ``--kv-cache-dtype`` value gives with this checkpoint."""
-        return (self.auto_kv_cache_dtype or flag) if flag == "auto" else flag
+        return kv_cache_dtype_for(flag, self.auto_kv_cache_dtype)
 
     def _precision(self, kv_cache_dtype: str) -> str:
         if kv_cache_dtype == "auto":

@@ -37,14 +37,12 @@ class Outcome(enum.Enum):
     ERROR = "error"
 
 
-# How a rendered fix line's comment lists what no flag sets.
-FIX_NOTE_SEPARATOR = "; "
-
-
-FIX_REMOVES = "remove "
-
-
-FIX_NEEDS = "needs "
+# How a rendered fix line's comment lists what no flag sets; Fix.parse reads
+# them back.
+_NOTE_SEPARATOR = "; "
+_REMOVES = "remove "
+_REMOVES_END = " from the command"
+_NEEDS = "needs "
 
 
 AITER_REQUIREMENT = "a ROCm vLLM image or build that ships aiter"
@@ -74,10 +72,39 @@ class Fix:
         words = [f"{k}={shlex.quote(v)}" for k, v in self.env]
         words += [f"{flag} {shlex.quote(value)}" for flag, value in self.flags]
         notes = [self.summary]
-        notes += [f"{FIX_REMOVES}{flag} from the command" for flag in self.without]
-        notes += [f"{FIX_NEEDS}{requirement}" for requirement in self.requires]
-        comment = f"# {FIX_NOTE_SEPARATOR.join(notes)}"
+        notes += [f"{_REMOVES}{flag}{_REMOVES_END}" for flag in self.without]
+        notes += [f"{_NEEDS}{requirement}" for requirement in self.requires]
+        comment = f"# {_NOTE_SEPARATOR.join(notes)}"
         return f"{' '.join(words)}  {comment}" if words else comment
+
+    @classmethod
+    def parse(cls, line: str) -> Fix:
+        """The fix a rendered line states, as a user reads it: the inverse of
+        :meth:`render` (a summary holding ``"; "`` does not round-trip)."""
+        command, _, comment = f" {line.strip()}".partition(" # ")
+        summary, *notes = comment.split(_NOTE_SEPARATOR)
+        words = iter(shlex.split(command))
+        env: list[tuple[str, str]] = []
+        flags: list[tuple[str, str]] = []
+        for word in words:
+            if word.startswith("--"):
+                flags.append((word, next(words)))
+            else:
+                name, _, value = word.partition("=")
+                env.append((name, value))
+        return cls(
+            summary,
+            flags=tuple(flags),
+            env=tuple(env),
+            requires=tuple(
+                n.removeprefix(_NEEDS) for n in notes if n.startswith(_NEEDS)
+            ),
+            without=tuple(
+                n.removeprefix(_REMOVES).removesuffix(_REMOVES_END)
+                for n in notes
+                if n.startswith(_REMOVES)
+            ),
+        )
 
     @property
     def env_map(self) -> Mapping[str, str]:

@@ -60,8 +60,7 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
         # The zeroing patch (patches.py) makes every worker and the scheduler
         # honour the zeroer this pool needs.
         logger.warning_once("MiniMax-M3 %s.", verdict.reason)
-    elif verdict.outcome is not Outcome.INHERITED:
-        return
+    # decide() resolves only `auto` (INHERITED, or MIXED beside skipped layers).
     if verdict.indexer_kv_dtype != facts.indexer_kv_dtype:
         vllm_config.attention_config.indexer_kv_dtype = verdict.indexer_kv_dtype
         logger.info_once(
