@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.process import json_from_out_file
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 # Loading only another installed plugin keeps this one out, as a stock install.
 

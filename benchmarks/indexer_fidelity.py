@@ -68,7 +68,7 @@ def _cell(pool: Any, context: int, distribution: str, queries: int, seed: int) -
     )
     from vllm.models.minimax_m3.common.ops.sparse_attn import minimax_m3_sparse_attn
 
-    from sim.kernels import write_bytes
+    from vllm_minimax_m3_kv_sim.kernels import write_bytes
 
     device = pool.device
     generator = torch.Generator().manual_seed(seed)
@@ -149,7 +149,7 @@ def _cell(pool: Any, context: int, distribution: str, queries: int, seed: int) -
 
 
 def child(cells: list[list], queries: int) -> dict:
-    from sim.kernels import bound_pool, prepare_triton
+    from vllm_minimax_m3_kv_sim.kernels import bound_pool, prepare_triton
 
     device = prepare_triton()
     longest = max(context for context, _ in cells)
@@ -174,7 +174,7 @@ def child(cells: list[list], queries: int) -> dict:
 
 
 def measure(size: str, workers: int) -> dict:
-    from sim.kernels import has_cuda_gpu, kernel_env
+    from vllm_minimax_m3_kv_sim.kernels import has_cuda_gpu, kernel_env
 
     contexts = CONTEXTS[size] + (GPU_CONTEXTS if has_cuda_gpu() else ())
     cells = [[c, d] for c in contexts for d in DISTRIBUTIONS]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import run_child, table
-from sim.environments import AITER_SPARSE_PA
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA
 
 PER_TOKENS = 1024
 EXAMPLE_CONTEXT = 128 * 1024
@@ -50,8 +50,8 @@ ENVIRONMENTS = {
 
 def measure(cases: list[str]) -> dict[str, Any]:
     """In a child process: the index-cache spec per case."""
-    from sim import engine as sim
-    from sim.hardware import simulate
+    from vllm_minimax_m3_kv_sim import engine as sim
+    from vllm_minimax_m3_kv_sim.hardware import simulate
 
     simulate("mi355x")
     found = {}

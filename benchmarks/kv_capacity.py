@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import run_child, table
-from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 # The planner needs room for one request of this length; capacity in tokens
@@ -53,8 +53,8 @@ CASES: dict[str, dict[str, Any]] = {
 
 def measure(case: str, kv_memory_bytes: int) -> list[dict[str, Any]]:
     """In a child process: one case, every TP size."""
-    from sim import engine as sim
-    from sim.hardware import simulate
+    from vllm_minimax_m3_kv_sim import engine as sim
+    from vllm_minimax_m3_kv_sim.hardware import simulate
 
     simulate("mi355x")
     rows = []

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import run_child, table
-from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 WARM_CALLS = 60
 REPO = Path(__file__).resolve().parents[1]
@@ -44,6 +44,7 @@ SOURCES = (
     "vllm_minimax_m3_kv/_versions.py",
     "vllm_minimax_m3_kv/envs.py",
     "vllm_minimax_m3_kv/patches.py",
+    "vllm_minimax_m3_kv/patch_sites.py",
     "vllm_minimax_m3_kv/v1/core/kv_cache_zeroing.py",
     "vllm_minimax_m3_kv/model_executor/models/config.py",
     *sorted(
@@ -88,8 +89,8 @@ RECIPE = {
 
 def measure_startup() -> dict[str, Any]:
     """In a child process: plugin loading, then config creation."""
-    from sim import engine as sim
-    from sim.hardware import simulate
+    from vllm_minimax_m3_kv_sim import engine as sim
+    from vllm_minimax_m3_kv_sim.hardware import simulate
 
     simulate("mi355x")
     from vllm.plugins import load_general_plugins

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from sim.process import (
-    REPO,
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.plumbing.children import (
     SHARED_ADDRESS_ENV,
     child_env,
     json_from_out_file,
@@ -42,7 +42,7 @@ def run_scenarios(
     with tempfile.TemporaryDirectory() as tmp:
         scenario_file = Path(tmp, "scenarios.json")
         scenario_file.write_text(json.dumps(scenarios))
-        argv = ["-m", "sim.runner", "--platform", platform]
+        argv = ["-m", "vllm_minimax_m3_kv_sim.programs.runner", "--platform", platform]
         records = json_from_out_file(
             [*argv, "--scenarios", str(scenario_file)], env, timeout
         )
@@ -116,7 +116,7 @@ class _KernelsOnOneWorker:
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         """xdist's loadscope, with ``tests/kernels/`` one scope: its modules'
         children run under Triton's interpreter, which needs a fork server of
-        its own (``sim.process.FROZEN_AT_PRELOAD``), so one worker starts one."""
+        its own (``vllm_minimax_m3_kv_sim.plumbing.children.FROZEN_AT_PRELOAD``), so one worker starts one."""
         if config.getoption("dist") != "loadscope":
             return None
         from xdist.scheduler import LoadScopeScheduling

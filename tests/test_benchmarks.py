@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.process import run_python
+from vllm_minimax_m3_kv_sim.plumbing.children import run_python
 
 
 def test_the_decode_scorer_benchmark_times_nothing_without_a_gpu():

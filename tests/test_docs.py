@@ -14,7 +14,6 @@ import subprocess
 
 import pytest
 
-from sim.process import REPO, json_from_stdout
 from vllm_minimax_m3_kv._versions import vllm_source_root
 from vllm_minimax_m3_kv.config.indexer_precision import decide
 from vllm_minimax_m3_kv.config.pool_facts import (
@@ -31,6 +30,8 @@ from vllm_minimax_m3_kv.config.stock_vllm import (
     bf16_pool_vllm_cannot_build,
 )
 from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_stdout
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PACKAGE = REPO / "vllm_minimax_m3_kv"

@@ -1,20 +1,26 @@
-"""The package's shape: no import cycles, lazy imports included, and
-``check`` split into modules small enough to read whole."""
+"""The package's shape: no import cycles, lazy imports included, ``check``
+split into modules small enough to read whole, no product module over about
+500 lines, and the simulation harness in layers and out of the wheel."""
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
-from sim.process import REPO
+import setuptools
+
+from vllm_minimax_m3_kv_sim import REPO
 
 PACKAGE = "vllm_minimax_m3_kv"
+HARNESS = "vllm_minimax_m3_kv_sim"
 CHECK_MODULE_MAX_LINES = 400
+PRODUCT_MODULE_MAX_LINES = 520
 
 
-def _modules() -> dict[str, Path]:
+def _modules(package: str = PACKAGE) -> dict[str, Path]:
     modules = {}
-    for path in (REPO / PACKAGE).rglob("*.py"):
+    for path in (REPO / package).rglob("*.py"):
         parts = list(path.relative_to(REPO).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -42,8 +48,8 @@ def _imported(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {name for name in found if name in modules and name != module}
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = _modules()
+def import_graph(package: str = PACKAGE) -> dict[str, set[str]]:
+    modules = _modules(package)
     return {name: _imported(name, path, modules) for name, path in modules.items()}
 
 
@@ -124,7 +130,7 @@ def test_batch_and_the_simulation_harness_judge_through_run_check():
     # A result object, not a verdict parsed back out of what main() printed.
     for path in (
         REPO / PACKAGE / "entrypoints" / "check" / "batch.py",
-        REPO / "sim" / "check_batch.py",
+        REPO / HARNESS / "programs" / "check_batch.py",
     ):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         imported = {
@@ -136,3 +142,53 @@ def test_batch_and_the_simulation_harness_judge_through_run_check():
         }
         assert "run_check" in imported and "main" not in imported, path
         assert "redirect_stdout" not in ast.unparse(tree), path
+
+
+def test_no_product_module_is_too_long_to_read_whole():
+    sizes = {
+        name: len(path.read_text(encoding="utf-8").splitlines())
+        for name, path in _modules().items()
+    }
+    too_long = {name: n for name, n in sizes.items() if n > PRODUCT_MODULE_MAX_LINES}
+    assert not too_long
+
+
+def test_the_harness_keeps_library_plumbing_and_programs_apart():
+    # Programs run in child processes and may use anything; plumbing starts
+    # them and never imports a program; the library imports neither.
+    graph = import_graph(HARNESS)
+    layer = {
+        name: name.removeprefix(f"{HARNESS}.").partition(".")[0]
+        if name.count(".") > 1
+        else "library"
+        for name in graph
+    }
+    assert {"library", "plumbing", "programs"} <= set(layer.values()), layer
+    allowed = {
+        "library": {"library"},
+        "plumbing": {"library", "plumbing"},
+        "programs": {"library", "plumbing", "programs"},
+    }
+    crossing = [
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if layer[target] not in allowed[layer[name]]
+    ]
+    assert not crossing
+    assert not cycles(graph)
+
+
+def test_only_the_plugin_is_installed():
+    found = pyproject_packages()
+    assert PACKAGE in found and f"{PACKAGE}.config" in found
+    assert not [
+        name for name in found if not name.startswith(f"{PACKAGE}.") and name != PACKAGE
+    ], found
+
+
+def pyproject_packages() -> list[str]:
+    """What setuptools packages from pyproject's ``packages.find``."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    find = config["tool"]["setuptools"]["packages"]["find"]
+    return setuptools.find_packages(where=str(REPO), include=find["include"])

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import textwrap
 
-from sim.process import REPO, json_from_stdout
-from sim.process import run_python as fork_python
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_stdout
+from vllm_minimax_m3_kv_sim.plumbing.children import run_python as fork_python
 
 
 def run_python(code: str, env: dict[str, str] | None = None) -> dict:
@@ -123,9 +124,9 @@ sys.path.insert(0, {repo!r})
 
 
 def load_and_decide(_=None):
-    from sim.hardware import simulate
+    from vllm_minimax_m3_kv_sim.hardware import simulate
     simulate("mi355x")
-    from sim import engine as sim
+    from vllm_minimax_m3_kv_sim import engine as sim
     import vllm.plugins, vllm_minimax_m3_kv
 
     vllm.plugins.load_general_plugins()
@@ -316,11 +317,11 @@ def test_the_active_line_reaches_the_api_servers_log():
             "-c",
             textwrap.dedent(
                 """
-                from sim.hardware import simulate
+                from vllm_minimax_m3_kv_sim.hardware import simulate
                 simulate("mi355x")
                 import vllm.plugins
                 vllm.plugins.load_general_plugins()  # as add_cli_args does
-                from sim import engine as sim
+                from vllm_minimax_m3_kv_sim import engine as sim
                 for _ in range(2):
                     sim.make_engine_args({"max_model_len": 8192}).create_engine_config()
                 """

@@ -9,10 +9,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.process import PRELOAD, json_from_stdout
 from tests.upstream import overlay
+from vllm_minimax_m3_kv_sim.plumbing.children import PRELOAD, json_from_stdout
 
-DECIDES = ("vllm", "vllm_minimax_m3_kv", "amdsmi", "aiter", "sim.hardware")
+DECIDES = (
+    "vllm",
+    "vllm_minimax_m3_kv",
+    "amdsmi",
+    "aiter",
+    "vllm_minimax_m3_kv_sim.hardware",
+)
 
 
 def test_a_forked_child_imports_vllm_and_the_plugin_itself():

@@ -7,8 +7,9 @@ import json
 import subprocess
 import sys
 
-from sim.process import REPO, child_env
 from tests.conftest import TIER_PROBE_ENV
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.plumbing.children import child_env
 
 
 def test_the_fast_tier_imports_neither_vllm_nor_torch(tmp_path):

@@ -24,8 +24,9 @@ Under Triton's interpreter (CPU) the writer half does not run: the
 interpreter's fp8 casts are not bit-exact.
 
 ``vllm-minimax-m3-kv selftest`` runs it by hand and can write a replay file
-(inputs, bytes, scores, top-k) that ``replay`` runs again, bit for bit, on
-another machine, Triton's interpreter included (``tests/kernels/``).
+(inputs, bytes, scores, top-k) that ``--replay`` runs again, bit for bit, on
+another machine, Triton's interpreter included
+(``vllm_minimax_m3_kv/entrypoints/selftest.py``, ``tests/kernels/``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from vllm_minimax_m3_kv.envs import SKIP_SELFTEST_ENV, skip_selftest_from_env
@@ -436,38 +436,6 @@ def check_writer(result: Result, device: str, fmt: Fp8Format) -> str:
     )
 
 
-def replay(record: dict[str, Any], device: str | None = None) -> list[str]:
-    """Run the recorded bytes through this machine's scorers; return every
-    output that differs from the recorded one (empty: bit for bit)."""
-    import torch
-
-    case = Case(**{k: tuple(v) if isinstance(v, list) else v
-                   for k, v in record["case"].items()})  # fmt: skip
-    fp8 = getattr(torch, record.get("fp8", E4M3FN.dtype))
-    stored = [
-        record["bytes"][name].view(fp8) for name in ("keys", "prefill_q", "decode_q")
-    ]
-    with torch.device("cpu"):
-        outputs = run_scorers(case, *stored, device=device or kernel_device())
-    return [
-        name
-        for name, recorded in record["outputs"].items()
-        if not torch.equal(outputs[name], recorded)
-    ]
-
-
-def save_record(record: dict[str, Any], path: Path) -> None:
-    import torch
-
-    torch.save(record, path)
-
-
-def load_record(path: Path) -> dict[str, Any]:
-    import torch
-
-    return torch.load(path, weights_only=True)
-
-
 def kernel_device() -> str:
     """Where the scorers run: the GPU, or the CPU under Triton's interpreter."""
     import torch
@@ -543,32 +511,3 @@ def run_node_selftest() -> Result:
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         return Result(failures=["not run: no GPU in this process"])
     return run_selftest()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``vllm-minimax-m3-kv selftest [--replay-file PATH]``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="vllm-minimax-m3-kv selftest",
-        description="Run vLLM's MiniMax-M3 indexer scorers on an fp8 index cache "
-        "on this GPU and judge them (exit 0: passed).",
-    )
-    parser.add_argument("--replay-file", type=Path, help="write the run's record here")
-    parser.add_argument(
-        "--replay", type=Path, help="run a recorded file again, bit for bit"
-    )
-    args = parser.parse_args(argv)
-    if args.replay is not None:
-        differs = replay(load_record(args.replay))
-        print("replay: bit for bit" if not differs else f"replay differs: {differs}")
-        return 0 if not differs else 1
-    result = run_node_selftest()
-    if not result.checked:
-        print(f"selftest {result.failures[0]}")
-        return 2
-    print(verdict_line(result))
-    if args.replay_file is not None:
-        save_record(result.record, args.replay_file)
-        print(f"replay file: {args.replay_file}")
-    return 0 if result.passed else 1

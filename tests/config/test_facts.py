@@ -1,6 +1,6 @@
 """How the policy's facts are gathered from a real vLLM 0.33 engine config:
 in one pass over the plugin's modules, the model's facts read once per
-``ModelConfig`` object (``sim/runner.py``'s ``fact_walk``)."""
+``ModelConfig`` object (``vllm_minimax_m3_kv_sim/programs/runner.py``'s ``fact_walk``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from sim import engine as sim
-from sim.environments import AITER_SPARSE_PA
+from vllm_minimax_m3_kv_sim import engine as sim
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA
 
 FACTS = "vllm_minimax_m3_kv.config.facts"
 KV_CACHE_DTYPE = "vllm_minimax_m3_kv.config.kv_cache_dtype"

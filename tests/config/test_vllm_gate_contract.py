@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from sim.process import json_from_stdout
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_stdout
 
 
 @pytest.mark.parametrize("platform", ["mi355x", "mi300x", "mi250x", "b300", "h200"])
 def test_policy_matches_vllm_gates(platform):
-    rows = json_from_stdout(["-m", "sim.gate_contract", platform])
+    rows = json_from_stdout(
+        ["-m", "vllm_minimax_m3_kv_sim.programs.gate_contract", platform]
+    )
     assert len(rows) == 60
     disagreements = [case for case, vllm, policy, _ in rows if vllm != policy]
     assert disagreements == []

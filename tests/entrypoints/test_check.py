@@ -14,8 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from sim.environments import AITER_SPARSE_PA
-from sim.process import REPO, child_env, json_from_out_file, run_python
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA
+from vllm_minimax_m3_kv_sim.plumbing.children import (
+    child_env,
+    json_from_out_file,
+    run_python,
+)
 
 TINY = "tests/data/minimax_m3_tiny"
 MI355X_FP8_TP8 = ["--target", "mi355x", "--kv-cache-dtype", "fp8", "-tp", "8"]
@@ -28,7 +33,14 @@ def run_checks(cases: list[dict], simulate: str | None = None) -> list[dict]:
         cases_file = Path(tmp, "cases.json")
         cases_file.write_text(json.dumps(cases))
         node = ["--simulate", simulate] if simulate else []
-        return json_from_out_file(["-m", "sim.check_batch", str(cases_file), *node])
+        return json_from_out_file(
+            [
+                "-m",
+                "vllm_minimax_m3_kv_sim.programs.check_batch",
+                str(cases_file),
+                *node,
+            ]
+        )
 
 
 @pytest.fixture(scope="module")

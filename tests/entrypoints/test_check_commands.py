@@ -9,7 +9,6 @@ import re
 
 import pytest
 
-from sim.process import REPO, run_python
 from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     EXIT_MIXED,
     EXIT_OK,
@@ -24,6 +23,8 @@ from vllm_minimax_m3_kv.entrypoints.check.batch import (
     exit_code,
     split_command,
 )
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.plumbing.children import run_python
 
 CHECK = ["-m", "vllm_minimax_m3_kv", "check", "--target", "mi355x"]
 

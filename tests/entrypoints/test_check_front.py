@@ -10,7 +10,6 @@ import re
 
 import pytest
 
-from sim.process import json_from_stdout, run_python
 from tests.entrypoints.test_check import (
     AITER_SPARSE_PA,
     _python_without_vllm,
@@ -18,6 +17,7 @@ from tests.entrypoints.test_check import (
     run_checks,
     run_cli,
 )
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_stdout, run_python
 
 RECIPE = ["--kv-cache-dtype", "fp8", "--block-size", "128", "-tp", "8"]
 
@@ -273,7 +273,7 @@ def test_target_here_without_a_gpu_says_so_in_one_line():
 
 HERE_ON_A_NODE = """
 import contextlib, io, json, os, sys
-from sim.hardware import simulate
+from vllm_minimax_m3_kv_sim.hardware import simulate
 simulate("mi355x", sys.argv[1])  # this node's GPU, and its aiter package
 from vllm_minimax_m3_kv.entrypoints.check.main import main
 os.environ.update({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"})

@@ -16,11 +16,11 @@ import shlex
 
 import pytest
 
-from sim.environments import AITER_SPARSE_PA
-from sim.process import REPO
 from tests.entrypoints.test_check import run_checks
 from vllm_minimax_m3_kv.entrypoints.check.batch import split_command
 from vllm_minimax_m3_kv.entrypoints.fixed_commands import apply_fix, fixed_command
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA
 
 MTP_AUTO = '{"method":"mtp","num_speculative_tokens":1,"kv_cache_dtype":"auto"}'
 FP8 = ["--kv-cache-dtype", "fp8"]
@@ -263,7 +263,7 @@ def test_every_printed_command_starts_when_run_as_printed(refusals):
 
 SERVE_ON_A_NODE = """
 import json, sys
-from sim.hardware import simulate
+from vllm_minimax_m3_kv_sim.hardware import simulate
 simulate("mi355x", "msa")
 from vllm.engine.arg_utils import EngineArgs
 from vllm.entrypoints.common.cli_args import make_arg_parser
@@ -287,8 +287,8 @@ def test_vllm_serve_prints_each_fix_as_the_whole_command_too():
     """The live hook's refusal under `vllm serve` (as its API server builds
     the config) ends with the same whole commands check prints, and each runs
     as printed."""
-    from sim.process import run_python
     from vllm_minimax_m3_kv.entrypoints.check.early import bundled_model_path
+    from vllm_minimax_m3_kv_sim.plumbing.children import run_python
 
     served = [bundled_model_path(), *FP8_TP8, "--max-model-len", "8192", *INDEXER_CP]
     proc = run_python(["-c", SERVE_ON_A_NODE, json.dumps(served)], {}, 300)

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.kernels import (
+from vllm_minimax_m3_kv_sim.kernels import (
     BoundPool,
     Request,
     bound_pool,

@@ -29,7 +29,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sim.kernels import prepare_triton
+from vllm_minimax_m3_kv_sim.kernels import prepare_triton
 
 FNUZ_STEP = 2.0**-10
 """fnuz e4m3's smallest subnormal step."""

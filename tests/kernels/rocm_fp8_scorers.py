@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sim.kernels import prepare_triton
+from vllm_minimax_m3_kv_sim.kernels import prepare_triton
 
 HARDWARE = "mi355x"
 
@@ -209,10 +209,11 @@ def _cuda_acceptance(case: Any, fp8: dict, bf16: dict) -> dict[str, bool]:
 
 def _selftest(record: Path | None) -> dict[str, Any]:
     from vllm_minimax_m3_kv import selftest
+    from vllm_minimax_m3_kv.entrypoints.selftest import save_record
 
     result = selftest.run_selftest(device="cpu")
     if record is not None:
-        selftest.save_record(result.record, record)
+        save_record(result.record, record)
     return {
         "passed": result.passed,
         "checked": result.checked,
@@ -237,11 +238,9 @@ def main() -> None:
     load_general_plugins()
     out: dict[str, Any] = {}
     if args.replay is not None:
-        from vllm_minimax_m3_kv import selftest
+        from vllm_minimax_m3_kv.entrypoints.selftest import load_record, replay
 
-        out["replay_differs"] = selftest.replay(
-            selftest.load_record(args.replay), device="cpu"
-        )
+        out["replay_differs"] = replay(load_record(args.replay), device="cpu")
     else:
         parts = args.only.split(",")
         if "gate" in parts:

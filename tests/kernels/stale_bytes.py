@@ -22,8 +22,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sim.kernels import BoundPool, Request, bound_pool, prepare_triton
-from sim.kernels import run_indexer_and_attention as run_kernels
+from vllm_minimax_m3_kv_sim.kernels import (
+    BoundPool,
+    Request,
+    bound_pool,
+    prepare_triton,
+)
+from vllm_minimax_m3_kv_sim.kernels import run_indexer_and_attention as run_kernels
 
 BLOCK = 128
 QUERIES = 2

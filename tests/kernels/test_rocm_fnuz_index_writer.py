@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.kernels import kernel_env
-from sim.process import json_from_out_file
+from vllm_minimax_m3_kv_sim.kernels import kernel_env
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 CHILD = ["-m", "tests.kernels.rocm_fnuz_writer"]
 

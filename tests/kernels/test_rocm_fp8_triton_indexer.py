@@ -4,7 +4,7 @@ Each child (``tests/kernels/rocm_fp8_scorers.py``) is one process under a
 simulated MI355X, the kernels run under Triton's interpreter on CPU: the
 scorers vLLM's indexer module imports on ROCm (``amd/ops/index_topk.py``),
 never a re-implementation. The only thing changed under them is the
-interpreter's bf16 ``tl.dot`` (``sim/kernels.py``, triton#11584), which the
+interpreter's bf16 ``tl.dot`` (``vllm_minimax_m3_kv_sim/kernels.py``, triton#11584), which the
 bf16 side of each comparison needs; the fp8 side never takes it.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.kernels import kernel_env
-from sim.process import json_from_out_file
+from vllm_minimax_m3_kv_sim.kernels import kernel_env
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 CHILD = ["-m", "tests.kernels.rocm_fp8_scorers"]
 SKIP = {"VLLM_MINIMAX_M3_KV_SKIP_SELFTEST": "1"}
@@ -119,7 +119,7 @@ def test_the_selftest_record_replays_bit_for_bit(scorers, tmp_path):
     # And a replay can fail: one recorded top-k entry changed.
     import torch
 
-    from vllm_minimax_m3_kv.selftest import load_record, save_record
+    from vllm_minimax_m3_kv.entrypoints.selftest import load_record, save_record
 
     record = load_record(scorers["record_path"])
     record["outputs"]["decode_topk_q1"][0, 0, 0] += 1

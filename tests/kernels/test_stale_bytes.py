@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.environments import STOCK_VLLM
-from sim.kernels import kernel_env
-from sim.process import json_from_out_file
+from vllm_minimax_m3_kv_sim.environments import STOCK_VLLM
+from vllm_minimax_m3_kv_sim.kernels import kernel_env
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 CHILD = ["-m", "tests.kernels.stale_bytes"]
 OUTPUTS = {"prefill_score", "prefill_topk", "prefill_out", "decode_topk", "decode_out"}

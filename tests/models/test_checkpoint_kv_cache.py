@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim import engine as sim
-from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+from vllm_minimax_m3_kv_sim import engine as sim
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 OPT_IN = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}
 CT = {"model": sim.TINY_CT_FP8_KV, "max_model_len": 8192, "tensor_parallel_size": 4}

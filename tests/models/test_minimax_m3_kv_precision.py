@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 FP8 = {"kv_cache_dtype": "fp8", "max_model_len": 8192}
 FP8_INDEXER = {"indexer_kv_dtype": "fp8"}

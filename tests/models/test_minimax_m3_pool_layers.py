@@ -16,8 +16,9 @@ import re
 
 import pytest
 
-from sim.engine import REPO, TINY_MODEL
-from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.engine import TINY_MODEL
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
 ALLOW_MIXED = {"VLLM_MINIMAX_M3_KV_ALLOW_MIXED": "1"}

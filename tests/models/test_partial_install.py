@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA, STOCK_VLLM
 
 # The B300 recipe's flags (explicit fp8 indexer), so both nodes agree on the
 # indexer dtype and differ only in how they describe its cache.

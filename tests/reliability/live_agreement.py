@@ -18,8 +18,6 @@ import sys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim import engine as sim
-from sim.hardware import simulate
 from tests.reliability.matrix import (
     ALLOW_MIXED,
     CHECKPOINTS,
@@ -29,6 +27,8 @@ from tests.reliability.matrix import (
     SKIP_LAYERS,
     vllm_kv_cache_dtypes,
 )
+from vllm_minimax_m3_kv_sim import engine as sim
+from vllm_minimax_m3_kv_sim.hardware import simulate
 
 
 def flag_sets() -> st.SearchStrategy[dict]:

@@ -53,15 +53,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sim import engine as sim
-from sim.environments import AITER_SPARSE_PA
-from sim.hardware import set_aiter, simulate
 from tests.reliability.covering import pairwise_rows
 from vllm_minimax_m3_kv.config.verdicts import (
     AITER_MSA_REQUIREMENT,
     AITER_REQUIREMENT,
     Fix,
 )
+from vllm_minimax_m3_kv_sim import engine as sim
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA
+from vllm_minimax_m3_kv_sim.hardware import set_aiter, simulate
 
 AITER_ONLY = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
 AITER_OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}

@@ -16,8 +16,6 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sim.environments import STOCK_VLLM
-from sim.process import json_from_out_file
 from tests.reliability.matrix import (
     PARTIAL_INSTALL_PLATFORMS,
     PLATFORMS,
@@ -25,6 +23,8 @@ from tests.reliability.matrix import (
     SIZES,
     hardware_groups,
 )
+from vllm_minimax_m3_kv_sim.environments import STOCK_VLLM
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 
 def run_child(platforms: list[str], *args: str, env: dict[str, str] | None = None):

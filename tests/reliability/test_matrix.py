@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from sim.process import json_from_stdout
 from tests.reliability.covering import covers_every_pair
 from tests.reliability.matrix import (
     CHECKPOINTS,
@@ -40,6 +39,7 @@ from vllm_minimax_m3_kv.config.indexer_precision import (
 )
 from vllm_minimax_m3_kv.config.pool_facts import PlatformFacts, PrecisionFacts
 from vllm_minimax_m3_kv.config.vllm_gates import FP8_INDEXER_RULES
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_stdout
 
 
 @pytest.fixture(scope="module")

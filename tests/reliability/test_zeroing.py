@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from sim.process import REPO
 from tests.reliability.zeroing import facts, render
+from vllm_minimax_m3_kv_sim import REPO
 
 
 @pytest.fixture(scope="module")

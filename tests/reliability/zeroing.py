@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sim.environments import AITER_SPARSE_PA, STOCK_VLLM
-from sim.process import json_from_out_file
+from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA, STOCK_VLLM
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 # TP 4: one 8-GPU node at PP 2 (two stages of 4), as the recipes run PP.
 FP8 = {"kv_cache_dtype": "fp8", "max_model_len": 8192, "tensor_parallel_size": 4}
@@ -86,7 +86,14 @@ def facts() -> list[dict[str, Any]]:
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp, "scenarios.json")
                 path.write_text(json.dumps(scenarios))
-                argv = ["-m", "sim.runner", "--platform", gpu, "--scenarios", str(path)]
+                argv = [
+                    "-m",
+                    "vllm_minimax_m3_kv_sim.programs.runner",
+                    "--platform",
+                    gpu,
+                    "--scenarios",
+                    str(path),
+                ]
                 for record in json_from_out_file(argv, None if plugin else STOCK_VLLM):
                     results[record["id"]] = record
         for name, label, gpu, _, _ in RECIPES:

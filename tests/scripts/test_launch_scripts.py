@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.process import ADDRESS_ENV, REPO, child_env, server_address
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.plumbing.children import (
+    ADDRESS_ENV,
+    child_env,
+    server_address,
+)
 
 SCRIPTS = REPO / "scripts"
 STANDIN = Path(__file__).parent / "standin"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.process import REPO
 from tests.scripts.test_launch_scripts import assert_no_server_left, inputs, run_script
+from vllm_minimax_m3_kv_sim import REPO
 
 REAL_TOOLS = Path(__file__).parent / "real_tools"
 QUESTIONS = [

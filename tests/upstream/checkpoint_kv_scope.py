@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sim import engine as sim
+from vllm_minimax_m3_kv_sim import engine as sim
 
 LLAMA_CT_FP8_KV = {
     "quant_method": "compressed-tensors",
@@ -96,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     options = parser.parse_args()
-    from sim.hardware import simulate
+    from vllm_minimax_m3_kv_sim.hardware import simulate
 
     simulate("b300")
     with tempfile.TemporaryDirectory() as workdir:

@@ -201,7 +201,7 @@ def cache_root(overlay: Overlay) -> Path:
 
 def child_env(overlay: Overlay) -> dict[str, str]:
     """Environment for a child that runs the patched vLLM without the plugin."""
-    from sim.process import REPO as SIM_REPO
+    from vllm_minimax_m3_kv_sim import REPO as SIM_REPO
 
     return {
         "PYTHONPATH": f"{overlay.root}:{SIM_REPO}",

@@ -16,10 +16,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sim.process import json_from_out_file
 from tests.reliability.matrix import PLATFORMS, SIZES, hardware_groups
 from tests.reliability.report import run_matrix
 from tests.upstream import equivalence, overlay
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 # Platforms per series and matrix size (one process per simulated GPU). Full:
 # PR 1 everywhere. Quick: the recipes' GPUs (MI355X with AITER sparse PA, SM100)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.process import json_from_out_file, run_python
 from tests.reliability.matrix import RULE_WITNESSES, matches
 from tests.upstream import equivalence, overlay
 from tests.upstream.report import PLATFORMS_BY_SERIES, run_patched
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file, run_python
 
 SERIES = {"pr1": overlay.PR1, "pr3": overlay.PR3, "pr1_pr3": overlay.PATCHES}
 
@@ -205,7 +205,7 @@ def _pytest_in_child(tests: Path, cwd: Path, env: dict[str, str]) -> tuple[int, 
             "-p",
             "no:cacheprovider",
             "-p",
-            "sim.pytest_hardware",
+            "vllm_minimax_m3_kv_sim.plumbing.pytest_hardware",
             str(tests),
         ],
         env,
@@ -319,7 +319,7 @@ def test_check_on_a_patched_vllm_still_judges_the_target_gpu(series, request, tm
     cases_file.write_text(json.dumps(cases))
     env = overlay.child_env(patched)
     del env["VLLM_PLUGINS"]
-    argv = ["-m", "sim.check_batch", str(cases_file)]
+    argv = ["-m", "vllm_minimax_m3_kv_sim.programs.check_batch", str(cases_file)]
     inherits, refused, bad_tp = json_from_out_file(argv, env)
     assert inherits["exit"] == 0, inherits["stderr"]
     assert inherits["plan"]["indexer_inherited"], inherits["plan"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.process import json_from_out_file
 from tests.upstream import overlay
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 FP8 = "torch.uint8/FP8_PER_TENSOR"
 BF16 = "torch.bfloat16/NONE"

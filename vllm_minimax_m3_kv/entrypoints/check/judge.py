@@ -177,7 +177,7 @@ def _native_decision_stands_aside() -> Iterator[None]:
     vLLM's entry and runs after it, judges for the target under
     ``judging_for`` as on stock vLLM; the rest of vLLM's validation runs as
     usual. Restored on exit; never used when serving."""
-    from vllm_minimax_m3_kv.patches import (
+    from vllm_minimax_m3_kv.patch_sites import (
         MODELS_CONFIG_MODULE,
         NATIVE_HOOK_CLASS,
         native_hook_in_vllm,

@@ -31,7 +31,7 @@ def _status(argv: list[str]) -> int:
 
 def _selftest(argv: list[str]) -> int:
     # On this node's GPU, with its own vLLM platform: no offline target.
-    from vllm_minimax_m3_kv.selftest import main
+    from vllm_minimax_m3_kv.entrypoints.selftest import main
 
     return main(argv)
 

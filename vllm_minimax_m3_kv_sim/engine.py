@@ -3,7 +3,7 @@
 Config (``EngineArgs.create_engine_config``, which loads this plugin from its
 entry point as ``vllm serve`` does), the model on the meta device, and vLLM's
 KV planner on the specs its layers return. Shared by the scenario runner, the
-reliability matrix and the benchmarks; call ``sim.hardware.simulate``
+reliability matrix and the benchmarks; call ``vllm_minimax_m3_kv_sim.hardware.simulate``
 first.
 """
 
@@ -14,12 +14,11 @@ import copy
 import os
 import socket
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from sim.hardware import refresh_rocm_env
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.hardware import refresh_rocm_env
 
-REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = str(REPO / "tests" / "data" / "minimax_m3_tiny")
 # The same model with its two sparse layers first, in PP stage 0 of 2.
 TINY_MODEL_SPARSE_FIRST = str(REPO / "tests" / "data" / "minimax_m3_tiny_sparse_first")

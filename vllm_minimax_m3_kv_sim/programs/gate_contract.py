@@ -1,6 +1,6 @@
 """Ask vLLM's own fp8-indexer gates and the plugin's policy the same questions.
 
-``python -m sim.gate_contract PLATFORM`` prints one JSON list of
+``python -m vllm_minimax_m3_kv_sim.programs.gate_contract PLATFORM`` prints one JSON list of
 ``[case, vllm_says_fp8_runs, policy_says_fp8_runs, stock_vllm_says]`` rows:
 vLLM with this plugin loaded (its gate entry applied), the policy, and vLLM's
 own gates alone (the plugin's wrappers bypassed).
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from sim.hardware import refresh_rocm_env, simulate
+from vllm_minimax_m3_kv_sim.hardware import refresh_rocm_env, simulate
 
 SHAPES = [
     {},

@@ -1,4 +1,4 @@
-"""``python -m sim.forked ARGV...``: ``python ARGV`` in a child of the fork
+"""``python -m vllm_minimax_m3_kv_sim.plumbing.forked ARGV...``: ``python ARGV`` in a child of the fork
 server at ``$SIM_FORK_SERVER``, with this process's environment; relays its
 output and exit code. For Python commands that a shell script under test runs
 (the launch scripts' ``CHECK_BIN``), so each skips the preloaded imports.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sim.process import run_python
+from vllm_minimax_m3_kv_sim.plumbing.children import run_python
 
 
 def main() -> int:

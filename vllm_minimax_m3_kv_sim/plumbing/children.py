@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from vllm_minimax_m3_kv_sim import REPO
+
 # Set per child by whoever needs them, never inherited from the caller's shell.
 _OWN_VARIABLES = ("VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
 
@@ -96,7 +97,7 @@ class Completed:
 
 
 class _ForkServer:
-    """``sim.fork_server``, started on first use, stopped at exit."""
+    """``vllm_minimax_m3_kv_sim.plumbing.fork_server``, started on first use, stopped at exit."""
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self._lock = threading.Lock()
@@ -119,7 +120,12 @@ class _ForkServer:
         self._path = str(Path(tempfile.mkdtemp(prefix="sim-fork-"), "socket"))
         self.env = self.env or child_env()
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "sim.fork_server", self._path],
+            [
+                sys.executable,
+                "-m",
+                "vllm_minimax_m3_kv_sim.plumbing.fork_server",
+                self._path,
+            ],
             cwd=REPO,
             env=self.env,
             stdout=subprocess.PIPE,
@@ -141,7 +147,7 @@ _servers_by_frozen_env: dict[tuple, _ForkServer] = {}
 _servers_lock = threading.Lock()
 ADDRESS_ENV = "SIM_FORK_SERVER"
 """Set for processes a test starts (e.g. a launch script) that run Python
-children through this process's server (``python -m sim.forked``)."""
+children through this process's server (``python -m vllm_minimax_m3_kv_sim.plumbing.forked``)."""
 SHARED_ADDRESS_ENV = "SIM_FORK_SERVER_SHARED"
 """Set by a test run's xdist controller for its workers: the server they
 share for children with the usual environment (one preload, not one per

@@ -1,10 +1,10 @@
 """Run ``vllm-minimax-m3-kv check`` for many argv lists in one process.
 
-``python -m sim.check_batch cases.json --out out.json [--simulate GPU:AITER]``;
+``python -m vllm_minimax_m3_kv_sim.programs.check_batch cases.json --out out.json [--simulate GPU:AITER]``;
 each case is ``{"argv": [...], "env": {...}}``, each result ``{"exit": int,
 "plan": {...}, "stderr": str}`` (``plan`` null where check gave none; stderr
 as check prints it). ``--simulate mi355x:absent`` makes this process's GPU
-and aiter that node's first, for ``--target here`` (``sim.hardware``).
+and aiter that node's first, for ``--target here`` (``vllm_minimax_m3_kv_sim.hardware``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--simulate", metavar="GPU:AITER")
     options = parser.parse_args()
     if options.simulate:
-        from sim.hardware import simulate
+        from vllm_minimax_m3_kv_sim.hardware import simulate
 
         simulate(*options.simulate.split(":"))
     cases = json.loads(options.cases.read_text())

@@ -1,7 +1,7 @@
-"""A fork server for :func:`sim.process.run_python`.
+"""A fork server for :func:`vllm_minimax_m3_kv_sim.plumbing.children.run_python`.
 
-``python -m sim.fork_server SOCKET`` listens, prints ``ready``, imports
-:data:`sim.process.PRELOAD` when the first request comes, and serves one
+``python -m vllm_minimax_m3_kv_sim.plumbing.fork_server SOCKET`` listens, prints ``ready``, imports
+:data:`vllm_minimax_m3_kv_sim.plumbing.children.PRELOAD` when the first request comes, and serves one
 request per connection: a JSON object with
 ``argv``, ``env``, ``cwd``, ``stdout`` and ``stderr`` (file paths). For each it
 forks a supervisor, which forks the runner (``python ARGV`` as a fresh
@@ -98,7 +98,7 @@ def _reap() -> None:
 
 
 def _preload() -> None:
-    from sim.process import PRELOAD
+    from vllm_minimax_m3_kv_sim.plumbing.children import PRELOAD
 
     # humming (vLLM's quantization kernels) starts two background builds of its
     # CUDA helpers when imported, ~10 CPU-s each, which only warm a cache it

@@ -1,6 +1,6 @@
 """Run MiniMax-M3 scenarios through real vLLM 0.33 on a simulated platform.
 
-``python -m sim.runner --platform mi355x --scenarios in.json --out out.json``
+``python -m vllm_minimax_m3_kv_sim.programs.runner --platform mi355x --scenarios in.json --out out.json``
 
 Each scenario goes through ``EngineArgs(...).create_engine_config()`` (vLLM
 loads this plugin from its entry point there, as ``vllm serve`` does), then
@@ -21,8 +21,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from sim import engine as sim
-from sim.hardware import simulate
+from vllm_minimax_m3_kv_sim import engine as sim
+from vllm_minimax_m3_kv_sim.hardware import simulate
 
 
 class _PluginWarnings(logging.Handler):
@@ -151,7 +151,7 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
         result["pp2"] = sim.plan(vllm_config, stages)
         if scenario.get("per_stage"):
             # As PP workers do: each builds its own stage from its own copy
-            # of the config the engine sent (see sim.engine.build_model).
+            # of the config the engine sent (see vllm_minimax_m3_kv_sim.engine.build_model).
             pp2_config = sim.make_engine_args(
                 {**scenario.get("engine", {}), "pipeline_parallel_size": 2},
                 scenario.get("set_backend", True),

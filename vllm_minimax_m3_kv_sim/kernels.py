@@ -46,7 +46,7 @@ def kernel_env() -> dict[str, str]:
 def prepare_triton(hardware: str = HARDWARE) -> str:
     """Set up this process to run Triton kernels; returns the device. Call
     before importing vLLM, in a process started with :func:`kernel_env`.
-    Without a GPU, vLLM sees ``hardware`` (a ``sim.hardware`` platform)."""
+    Without a GPU, vLLM sees ``hardware`` (a ``vllm_minimax_m3_kv_sim.hardware`` platform)."""
     if has_cuda_gpu():
         return "cuda"
     for name, value in kernel_env().items():
@@ -63,7 +63,7 @@ def prepare_triton(hardware: str = HARDWARE) -> str:
 
     autotuner.Autotuner.prune_configs = first_config
     _make_interpreter_dot_read_bf16()
-    from sim.hardware import simulate
+    from vllm_minimax_m3_kv_sim.hardware import simulate
 
     simulate(hardware)
     return "cpu"
@@ -181,7 +181,7 @@ def bound_pool(
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.utils import allocate_kv_cache, bind_kv_cache
 
-    from sim import engine as sim
+    from vllm_minimax_m3_kv_sim import engine as sim
 
     vllm_config = sim.make_engine_args(engine).create_engine_config()
     built = sim.build_model(vllm_config)

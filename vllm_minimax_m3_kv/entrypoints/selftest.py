@@ -1,0 +1,79 @@
+"""``vllm-minimax-m3-kv selftest [--replay-file PATH | --replay PATH]``: the
+node self-test (:mod:`vllm_minimax_m3_kv.selftest`) by hand, and its replay
+files: a run's inputs, bytes, scores and top-k, run again bit for bit on
+another machine, Triton's interpreter included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vllm_minimax_m3_kv.selftest import (
+    E4M3FN,
+    Case,
+    kernel_device,
+    run_node_selftest,
+    run_scorers,
+    verdict_line,
+)
+
+
+def replay(record: dict[str, Any], device: str | None = None) -> list[str]:
+    """Run the recorded bytes through this machine's scorers; return every
+    output that differs from the recorded one (empty: bit for bit)."""
+    import torch
+
+    case = Case(**{k: tuple(v) if isinstance(v, list) else v
+                   for k, v in record["case"].items()})  # fmt: skip
+    fp8 = getattr(torch, record.get("fp8", E4M3FN.dtype))
+    stored = [
+        record["bytes"][name].view(fp8) for name in ("keys", "prefill_q", "decode_q")
+    ]
+    with torch.device("cpu"):
+        outputs = run_scorers(case, *stored, device=device or kernel_device())
+    return [
+        name
+        for name, recorded in record["outputs"].items()
+        if not torch.equal(outputs[name], recorded)
+    ]
+
+
+def save_record(record: dict[str, Any], path: Path) -> None:
+    import torch
+
+    torch.save(record, path)
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vllm-minimax-m3-kv selftest [--replay-file PATH]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="vllm-minimax-m3-kv selftest",
+        description="Run vLLM's MiniMax-M3 indexer scorers on an fp8 index cache "
+        "on this GPU and judge them (exit 0: passed).",
+    )
+    parser.add_argument("--replay-file", type=Path, help="write the run's record here")
+    parser.add_argument(
+        "--replay", type=Path, help="run a recorded file again, bit for bit"
+    )
+    args = parser.parse_args(argv)
+    if args.replay is not None:
+        differs = replay(load_record(args.replay))
+        print("replay: bit for bit" if not differs else f"replay differs: {differs}")
+        return 0 if not differs else 1
+    result = run_node_selftest()
+    if not result.checked:
+        print(f"selftest {result.failures[0]}")
+        return 2
+    print(verdict_line(result))
+    if args.replay_file is not None:
+        save_record(result.record, args.replay_file)
+        print(f"replay file: {args.replay_file}")
+    return 0 if result.passed else 1
