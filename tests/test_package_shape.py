@@ -5,6 +5,7 @@ split into modules small enough to read whole, no product module over about
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -192,3 +193,22 @@ def pyproject_packages() -> list[str]:
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     find = config["tool"]["setuptools"]["packages"]["find"]
     return setuptools.find_packages(where=str(REPO), include=find["include"])
+
+
+def test_the_plugins_names_are_declared_once_and_copied_where_they_must_be():
+    from vllm_minimax_m3_kv._versions import (
+        DISTRIBUTION,
+        ENTRY_POINT_GROUP,
+        PLUGIN_ENTRY_POINT,
+    )
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    assert project["project"]["name"] == DISTRIBUTION
+    assert DISTRIBUTION in project["project"]["scripts"]
+    plugins = project["project"]["entry-points"][ENTRY_POINT_GROUP]
+    assert plugins == {PLUGIN_ENTRY_POINT: f"{PACKAGE}:register"}
+    # Bash cannot import them: the launch scripts' default CLI is pinned here,
+    # and they find the entry point by its package.
+    bench = (REPO / "scripts" / "lib" / "minimaxm3_fp8_bench.sh").read_text()
+    assert f"DEFAULT_CHECK_BIN={DISTRIBUTION}\n" in bench
+    assert not re.search(rf"(?<!\w){PLUGIN_ENTRY_POINT}\b", bench)

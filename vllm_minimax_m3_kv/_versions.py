@@ -1,4 +1,5 @@
-"""Which vLLM this plugin supports, read without importing vLLM."""
+"""This plugin's names and version, and which vLLM it supports, read
+without importing vLLM."""
 
 from __future__ import annotations
 
@@ -6,14 +7,22 @@ import importlib.util
 from importlib import metadata
 from pathlib import Path
 
+DISTRIBUTION = "vllm-minimax-m3-kv"
+"""The distribution's name, which is also its console script's
+(``[project.scripts]`` in pyproject.toml; the launch scripts' CHECK_BIN)."""
+ENTRY_POINT_GROUP = "vllm.general_plugins"
+PLUGIN_ENTRY_POINT = "minimax_m3_kv"
+"""The name vLLM loads the plugin by, and ``VLLM_PLUGINS`` lists
+(``[project.entry-points]`` in pyproject.toml)."""
+
 SUPPORTED_VLLM = ((0, 33), (0, 34))
 """Half-open ``[0.33, 0.34)`` range, as in ``pyproject.toml``."""
 SUPPORTED_VLLM_RANGE = ">=0.33,<0.34"
-PLUGIN_INSTALL = "pip install --no-deps /path/to/vllm-minimax-m3-kv"
+PLUGIN_INSTALL = f"pip install --no-deps /path/to/{DISTRIBUTION}"
 """The plugin beside an installed vLLM, from its checkout or a wheel built
 from it (the package is not on the package index)."""
 SUPPORTED_VLLM_INSTALL = (
-    f"vllm-minimax-m3-kv needs vLLM {SUPPORTED_VLLM_RANGE}: "
+    f"{DISTRIBUTION} needs vLLM {SUPPORTED_VLLM_RANGE}: "
     f"pip install 'vllm{SUPPORTED_VLLM_RANGE}' (the CUDA wheel); on ROCm, run in "
     "a ROCm vLLM 0.33 image and install this plugin into it from its checkout "
     f"or wheel: {PLUGIN_INSTALL}"
@@ -48,7 +57,7 @@ def vllm_source_file(module: str) -> Path | None:
 
 def plugin_version() -> str:
     """This plugin's version, or what runs it from an uninstalled checkout."""
-    return installed_version("vllm-minimax-m3-kv") or "(uninstalled checkout)"
+    return installed_version(DISTRIBUTION) or "(uninstalled checkout)"
 
 
 def vllm_version_problem() -> str | None:

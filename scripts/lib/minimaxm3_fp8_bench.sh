@@ -31,7 +31,6 @@ OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL EVAL_TASK EVAL_
 
 DEFAULT_KV_PRECISION=fp8
 DEFAULT_COMPARE_POOLS="stock fp8"
-PLUGIN_ENTRY_POINT=minimax_m3_kv
 DEFAULT_HEALTH_TIMEOUT_S=1800
 DEFAULT_POOL_LINE_TIMEOUT_S=60
 DEFAULT_VLLM_BIN=vllm
@@ -132,7 +131,7 @@ set_on_your_behalf() {
             "ISL=${AITER_SPARSE_PA_MIN_ISL} and CONC=${AITER_SPARSE_PA_MIN_CONC};" \
             "below, it unsets them as KV_PRECISION=stock does)"
     fi
-    echo "  VLLM_PLUGINS=<every installed general plugin but ${PLUGIN_ENTRY_POINT}>  (KV_PRECISION=stock)"
+    echo "  VLLM_PLUGINS=<every installed general plugin but this one>  (KV_PRECISION=stock)"
     local name
     for name in "${TARGET_STOCK_UNSET[@]}"; do
         echo "  ${name} unset  (KV_PRECISION=stock)"
@@ -229,18 +228,17 @@ precision_choice() {
 
 plugins_without_this_one() {
     # VLLM_PLUGINS as vLLM reads it, less this plugin: the listed names, or
-    # every installed vllm.general_plugins entry point when it is unset.
-    python3 - "$PLUGIN_ENTRY_POINT" <<'PY'
-import os, sys
+    # every installed vllm.general_plugins entry point when it is unset. This
+    # plugin's entry point is found by its package, as pyproject declares it.
+    python3 - <<'PY'
+import os
 from importlib.metadata import entry_points
 
+installed = entry_points(group="vllm.general_plugins")
+ours = {ep.name for ep in installed if ep.module.partition(".")[0] == "vllm_minimax_m3_kv"}
 listed = os.environ.get("VLLM_PLUGINS")
-names = (
-    listed.split(",")
-    if listed is not None
-    else [ep.name for ep in entry_points(group="vllm.general_plugins")]
-)
-print(",".join(sorted({n for n in names if n and n != sys.argv[1]})))
+names = listed.split(",") if listed is not None else [ep.name for ep in installed]
+print(",".join(sorted({n for n in names if n and n not in ours})))
 PY
 }
 

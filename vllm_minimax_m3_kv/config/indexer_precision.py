@@ -33,6 +33,7 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     BF16,
     BF16_INDEXER_DTYPES,
     DRAFT_KV_CACHE_DTYPE_FLAG,
+    FP8_E4M3,
     FP8_E4M3_KV_CACHE_DTYPES,
     FP8_INDEXER_DTYPES,
     INDEXER_KV_DTYPE_FLAG,
@@ -125,7 +126,7 @@ def _main_cache_matches_an_indexer(
     facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
     main = facts.main_cache_precision
-    if main in (BF16, "fp8_e4m3"):
+    if main in (BF16, FP8_E4M3):
         return None
     return refusal(
         facts,
@@ -197,7 +198,7 @@ def _skipped_layers_keep_one_precision(
         return None
     keep = (
         "keep every layer's main cache fp8"
-        if facts.main_cache_precision == "fp8_e4m3"
+        if facts.main_cache_precision == FP8_E4M3
         else f"keep every layer's main cache {facts.main_cache_precision}"
     )
     layers = facts.unquantized_dense_layers

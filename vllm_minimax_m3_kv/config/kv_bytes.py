@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vllm_minimax_m3_kv.config.pool_facts import FP8_INDEXER_DTYPES
+
 if TYPE_CHECKING:
     from vllm.config import ModelConfig
 
@@ -68,7 +70,7 @@ def kv_bytes_per_token(
 
     indexer_dtype = (
         torch.float8_e4m3fn
-        if indexer_kv_dtype in ("fp8", "fp8_e4m3")
+        if indexer_kv_dtype in FP8_INDEXER_DTYPES
         else torch.bfloat16
     )
     indexer = MLAAttentionSpec(

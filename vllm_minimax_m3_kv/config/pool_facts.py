@@ -8,11 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+FP8_E4M3 = "fp8_e4m3"
+"""The precision every fp8 indexer stores; also a spelling of it in both
+``--kv-cache-dtype`` and ``indexer_kv_dtype``."""
+
 # KV cache dtypes whose bytes are fp8 e4m3, the format every fp8 indexer stores.
-FP8_E4M3_KV_CACHE_DTYPES = frozenset({"fp8", "fp8_e4m3"})
+FP8_E4M3_KV_CACHE_DTYPES = frozenset({"fp8", FP8_E4M3})
 
 
-FP8_INDEXER_DTYPES = frozenset({"fp8", "fp8_e4m3"})
+FP8_INDEXER_DTYPES = frozenset({"fp8", FP8_E4M3})
 
 
 # vLLM resolves "auto" to this for MiniMax-M3 (``resolve_indexer_kv_dtype``).
@@ -233,7 +237,7 @@ class PrecisionFacts:
         if kv_cache_dtype == "auto":
             return self.model_dtype
         if kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
-            return "fp8_e4m3"
+            return FP8_E4M3
         return kv_cache_dtype
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vllm_minimax_m3_kv._versions import DISTRIBUTION
 from vllm_minimax_m3_kv.selftest import (
     E4M3FN,
     Case,
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="vllm-minimax-m3-kv selftest",
+        prog=f"{DISTRIBUTION} selftest",
         description="Run vLLM's MiniMax-M3 indexer scorers on an fp8 index cache "
         "on this GPU and judge them (exit 0: passed).",
     )

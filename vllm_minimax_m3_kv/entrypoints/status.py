@@ -16,10 +16,12 @@ import subprocess
 from importlib import metadata, resources
 from pathlib import Path
 
-from vllm_minimax_m3_kv._versions import plugin_version
-
-ENTRY_POINT_GROUP = "vllm.general_plugins"
-PLUGIN_ENTRY_POINT = "minimax_m3_kv"
+from vllm_minimax_m3_kv._versions import (
+    DISTRIBUTION,
+    ENTRY_POINT_GROUP,
+    PLUGIN_ENTRY_POINT,
+    plugin_version,
+)
 
 
 def source_fingerprint() -> str:
@@ -92,7 +94,7 @@ def report() -> tuple[list[tuple[str, str]], bool]:
         vllm_version_problem,
     )
 
-    rows = [("vllm-minimax-m3-kv", identity())]
+    rows = [(DISTRIBUTION, identity())]
     problem = vllm_version_problem()
     vllm = installed_version("vllm") or "not installed"
     rows.append(("vLLM", f"{vllm} ({problem})" if problem else f"{vllm} (supported)"))

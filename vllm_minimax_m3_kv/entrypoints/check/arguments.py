@@ -8,10 +8,11 @@ import argparse
 import difflib
 from typing import ClassVar
 
+from vllm_minimax_m3_kv._versions import DISTRIBUTION, PLUGIN_ENTRY_POINT
 from vllm_minimax_m3_kv.config.facts import HERE, TARGETS
 from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
 
-PROG = "vllm-minimax-m3-kv check"
+PROG = f"{DISTRIBUTION} check"
 EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_MIXED = 0, 1, 2, 3
 EXIT_UNJUDGED = 4
 """``--commands``: some line could not be judged; every judged one starts uniform."""
@@ -51,7 +52,7 @@ flag (these two import vLLM). Common groups:
 --attention-config (in VllmConfig): --help=attention-config shows it, and
 --attention-config.indexer_kv_dtype fp8 sets it.
 
-With VLLM_PLUGINS set and minimax_m3_kv not in it, the plan is stock vLLM
+With VLLM_PLUGINS set and {PLUGIN_ENTRY_POINT} not in it, the plan is stock vLLM
 0.33's, as `vllm serve` would run it.
 
 exit codes: 0 starts with one precision; 3 starts with a mixed pool: one you

@@ -15,12 +15,14 @@ from importlib import resources
 from pathlib import Path
 
 from vllm_minimax_m3_kv._versions import (
+    DISTRIBUTION,
     SUPPORTED_VLLM_INSTALL,
     installed_version,
     vllm_source_file,
     vllm_version_problem,
 )
 from vllm_minimax_m3_kv.config.facts import HERE, TARGETS
+from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3
 from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     CheckUsageError,
     own_parser,
@@ -52,7 +54,7 @@ class EarlyAnswer:
 def versions_line() -> str:
     """Both versions, from package metadata (vLLM is not imported)."""
     vllm = installed_version("vllm") or "not installed"
-    return f"vllm-minimax-m3-kv {identity()}; vLLM {vllm}"
+    return f"{DISTRIBUTION} {identity()}; vLLM {vllm}"
 
 
 def plugin_excluded() -> bool:
@@ -95,7 +97,7 @@ def vllm_indexer_kv_dtypes() -> tuple[str, ...] | None:
     index cache also takes; vLLM types the field ``IndexerKVDType | str``, so
     nothing else is refused before model build."""
     named = _literal_of_vllm("attention.py", "IndexerKVDType")
-    return None if named is None else (*named, "fp8_e4m3")
+    return None if named is None else (*named, FP8_E4M3)
 
 
 def _literal_of_vllm(module: str, name: str) -> tuple[str, ...] | None:

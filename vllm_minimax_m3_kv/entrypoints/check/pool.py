@@ -10,6 +10,7 @@ import shlex
 from dataclasses import replace
 from typing import Any
 
+from vllm_minimax_m3_kv._versions import PLUGIN_ENTRY_POINT
 from vllm_minimax_m3_kv.config.facts import HERE, target_platform_facts
 from vllm_minimax_m3_kv.config.indexer_precision import decide
 from vllm_minimax_m3_kv.config.pool_facts import STOCK_INDEXER_DEFAULT, PrecisionFacts
@@ -159,7 +160,8 @@ def stock_plan(
         versions=versions_line(),
         kv_cache_dtype_source=_stock_kv_source(facts),
         plugin=(
-            "off: VLLM_PLUGINS leaves out minimax_m3_kv; this is stock vLLM 0.33's plan"
+            f"off: VLLM_PLUGINS leaves out {PLUGIN_ENTRY_POINT}; this is stock vLLM "
+            "0.33's plan"
         ),
         executor_note=executor_note,
         fp8_format=fp8_format_of(facts),

@@ -12,7 +12,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-PROG = "vllm-minimax-m3-kv"
+from vllm_minimax_m3_kv._versions import DISTRIBUTION
+
+PROG = DISTRIBUTION  # the console script
 EXIT_USAGE = 1
 
 
