@@ -161,7 +161,14 @@ def _policy_messages() -> list[str]:
 
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
-    return [_normal(text) for text in {*_source_strings(), *_policy_messages()}]
+    # Messages composed of constants at import (the plugin's name, the vLLM
+    # range it supports) are read as the code composed them.
+    from vllm_minimax_m3_kv import _versions
+
+    composed = {v for v in vars(_versions).values() if isinstance(v, str)}
+    return [
+        _normal(text) for text in {*_source_strings(), *_policy_messages(), *composed}
+    ]
 
 
 def _quotes(text: str) -> list[str]:
