@@ -5,9 +5,10 @@
 at a time (greedy, top-5 logprobs), and write what came back.
 
 ``report``: read each pool's results (``vllm bench serve``'s result file, the
-KV capacity vLLM logged at startup, lm-eval's gsm8k result, the probe) from
-``RESULT_DIR/<pool>/``, print one table, write ``RESULT_DIR/compare.json`` and
-end with the pool to run and the rule that chose it (docs/deploying.md).
+KV capacity vLLM logged at startup, lm-eval's long-context retrieval and
+gsm8k results, the probe) from ``RESULT_DIR/<pool>/``, print the tables, write
+``RESULT_DIR/compare.json`` and end with the pool to run and the rule that
+chose it (docs/deploying.md).
 """
 
 from __future__ import annotations
@@ -23,13 +24,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from minimaxm3_longctx import INDEXER_KEEPS
+from minimaxm3_longctx import scores as long_context_scores
+
 PROBE_FILE = "agreement.json"
 SERVER_LOG = "server.log"
 REPORT_FILE = "compare.json"
 TOP_LOGPROBS = 5
 # lm-eval's stderr is one standard error; a drop beyond this many of the
 # difference's standard errors (95%, two-sided) is not noise.
-GSM8K_Z = 1.96
+ACCURACY_Z = 1.96
+LONG_CONTEXT_DIR = "long_context"
+LONG_CONTEXT_EVAL_DIR = "eval_long_context"
+GSM8K_BLIND = (
+    f"gsm8k is a short-context sanity check: its prompts (about 1K tokens) are "
+    f"shorter than the {INDEXER_KEEPS:,} tokens the indexer keeps, so every block "
+    "is read and it cannot see the index cache's precision"
+)
 # vLLM logs this once per engine after KV planning ("GPU KV cache size: N
 # tokens, ..." from update_kv_cache_capacity in v1/core/kv_cache_utils.py).
 KV_TOKENS_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -292,6 +303,9 @@ def pool_row(
     directory = result_dir / pool
     bench = _read_json(directory / result_filename) or {}
     score = gsm8k(directory / "eval", eval_task)
+    long_context = long_context_scores(
+        directory / LONG_CONTEXT_EVAL_DIR, directory / LONG_CONTEXT_DIR
+    )
     return {
         "pool": pool,
         "output_throughput": bench.get("output_throughput"),
@@ -302,24 +316,56 @@ def pool_row(
         "kv_tokens": kv_tokens(directory / SERVER_LOG),
         "gsm8k": score[0] if score else None,
         "gsm8k_stderr": score[1] if score else None,
+        "long_context": {str(n): v for n, v in long_context.items()},
     }
 
 
+def _within(ours: float, theirs: float, our_se: float, their_se: float) -> bool:
+    """``ours`` is not lower than ``theirs`` by more than ACCURACY_Z standard
+    errors of the difference."""
+    return theirs - ours <= ACCURACY_Z * math.hypot(our_se or 0.0, their_se or 0.0)
+
+
 def gsm8k_holds(row: dict, reference: dict) -> bool | None:
-    """None when either pool has no gsm8k; else whether ``row`` is not lower
-    than the reference by more than GSM8K_Z standard errors of the difference."""
+    """None when either pool has no gsm8k; else whether ``row`` is within
+    ACCURACY_Z standard errors of the reference."""
     if row["gsm8k"] is None or reference["gsm8k"] is None:
         return None
-    spread = math.hypot(row["gsm8k_stderr"] or 0.0, reference["gsm8k_stderr"] or 0.0)
-    return reference["gsm8k"] - row["gsm8k"] <= GSM8K_Z * spread
+    return _within(
+        row["gsm8k"],
+        reference["gsm8k"],
+        row["gsm8k_stderr"],
+        reference["gsm8k_stderr"],
+    )
+
+
+def long_context_lower(row: dict, reference: dict) -> list[str] | None:
+    """None when either pool has no long-context result; else the lengths at
+    which ``row``'s retrieval is lower than the reference's by more than
+    ACCURACY_Z standard errors (empty: it holds at every length both ran)."""
+    ours, theirs = row["long_context"], reference["long_context"]
+    shared = [n for n in theirs if n in ours]
+    if not shared:
+        return None
+    return [
+        n
+        for n in shared
+        if not _within(
+            ours[n]["accuracy"],
+            theirs[n]["accuracy"],
+            ours[n]["stderr"],
+            theirs[n]["stderr"],
+        )
+    ]
 
 
 def decide(rows: list[dict]) -> dict[str, Any]:
     """The rule (docs/deploying.md): the first pool is the reference. A pool
     is eligible when its first greedy token is close to the reference's on
-    every probe prompt and, with gsm8k run, its score is within GSM8K_Z
-    standard errors of the reference's. Run the eligible pool with the
-    highest output throughput."""
+    every probe prompt and, with the evals run, its long-context retrieval at
+    every length and its gsm8k are each within ACCURACY_Z standard errors of
+    the reference's. Run the eligible pool with the highest output
+    throughput."""
     reference = rows[0]
     excluded: dict[str, str] = {}
     for row in rows[1:]:
@@ -331,10 +377,19 @@ def decide(rows: list[dict]) -> dict[str, Any]:
                 f"first tokens not close on {match['prompts'] - match['first_token_close']}"
                 f" of {match['prompts']} prompts ({', '.join(match['not_close'][:3])})"
             )
+        elif lower := long_context_lower(row, reference):
+            excluded[row["pool"]] = "long-context retrieval lower by more than " + (
+                f"{ACCURACY_Z} standard errors at "
+                + ", ".join(
+                    f"{int(n):,} tokens ({row['long_context'][n]['accuracy']:.2f} vs "
+                    f"{reference['long_context'][n]['accuracy']:.2f})"
+                    for n in lower
+                )
+            )
         elif gsm8k_holds(row, reference) is False:
             excluded[row["pool"]] = (
                 f"gsm8k {row['gsm8k']:.4f} vs {reference['gsm8k']:.4f}: lower by more than"
-                f" {GSM8K_Z} standard errors"
+                f" {ACCURACY_Z} standard errors"
             )
         elif row["output_throughput"] is None:
             excluded[row["pool"]] = "no benchmark result"
@@ -353,13 +408,21 @@ def decide(rows: list[dict]) -> dict[str, Any]:
     else:
         reasons.append("the reference, the only eligible pool")
     if best is not reference:
-        holds = gsm8k_holds(best, reference)
-        if holds is None:
-            reasons.append("gsm8k not run (RUN_EVAL=1 runs it)")
+        lengths = [n for n in reference["long_context"] if n in best["long_context"]]
+        if long_context_lower(best, reference) is None:
+            reasons.append(
+                "accuracy not measured: RUN_EVAL=1 runs the long-context retrieval "
+                "eval (the index cache's evidence) and gsm8k"
+            )
         else:
             reasons.append(
+                f"long-context retrieval within {ACCURACY_Z} standard errors at "
+                f"{', '.join(f'{int(n):,}' for n in lengths)} tokens"
+            )
+        if gsm8k_holds(best, reference) is not None:
+            reasons.append(
                 f"gsm8k {best['gsm8k']:.4f} vs {reference['gsm8k']:.4f} (within"
-                f" {GSM8K_Z} standard errors)"
+                f" {ACCURACY_Z} standard errors; short context only)"
             )
         match = best["agreement"]
         reasons.append(
@@ -405,6 +468,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def long_context_table(rows: list[dict]) -> str | None:
+    """Retrieval accuracy (stderr) per context length, one row per pool."""
+    lengths = sorted({int(n) for row in rows for n in row["long_context"]})
+    if not lengths:
+        return None
+    header = "| pool | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |"
+    lines = [header, "|---|" + "---|" * len(lengths)]
+    for row in rows:
+        cells = []
+        for n in lengths:
+            found = row["long_context"].get(str(n))
+            cells.append(
+                f"{found['accuracy']:.2f} ({found['stderr']:.2f})" if found else "-"
+            )
+        lines.append(f"| {row['pool']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 POOL_MEANINGS = {
     "stock": " (today's public recipe, verbatim, vllm-minimax-m3-kv off)",
     "mixed": " (fp8 KV beside a bf16 indexer, every block zeroed)",
@@ -432,6 +513,16 @@ def report(options: argparse.Namespace) -> int:
         f"{POOL_MEANINGS.get(reference, '')}"
     )
     print(table(rows))
+    long_table = long_context_table(rows)
+    if long_table is not None:
+        docs = next(iter(rows[0]["long_context"].values()), {}).get("docs")
+        print(
+            "long-context retrieval, exact match (stderr), "
+            f"{docs} prompts per length, one pass code among filler records:"
+        )
+        print(long_table)
+    if any(row["gsm8k"] is not None for row in rows):
+        print(f"  ({GSM8K_BLIND})")
     for pool, why in verdict["excluded"].items():
         print(f"  {pool} not eligible: {why}")
     print(

@@ -25,7 +25,8 @@
 
 REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
-OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL EVAL_TASK EVAL_INCLUDE_PATH
+OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL LONG_EVAL_LENGTHS LONG_EVAL_DOCS
+    EVAL_TASK EVAL_INCLUDE_PATH
     GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S
     POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN LM_EVAL_BIN)
 
@@ -36,6 +37,10 @@ DEFAULT_POOL_LINE_TIMEOUT_S=60
 DEFAULT_VLLM_BIN=vllm
 DEFAULT_CHECK_BIN=vllm-minimax-m3-kv
 DEFAULT_LM_EVAL_BIN=lm_eval
+# The long-context retrieval eval's context lengths (tokens, capped by
+# MAX_MODEL_LEN) and prompts per length.
+DEFAULT_LONG_EVAL_LENGTHS="4096 16384 32768 65536 131072"
+DEFAULT_LONG_EVAL_DOCS=30
 
 VLLM_BIN="${VLLM_BIN:-$DEFAULT_VLLM_BIN}"
 CHECK_BIN="${CHECK_BIN:-$DEFAULT_CHECK_BIN}"
@@ -57,6 +62,7 @@ MIXED_LINE='MiniMax-M3 KV pool: mixed precision \(.*\); every one of [0-9]+ work
 # How long the pool line may trail /health (engine-core logs are buffered).
 POOL_LINE_TIMEOUT_S="${POOL_LINE_TIMEOUT_S:-$DEFAULT_POOL_LINE_TIMEOUT_S}"
 COMPARE_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_compare.py"
+LONG_EVAL_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_longctx.py"
 # Set in each per-pool run that KV_PRECISION=compare starts.
 COMPARE_CHILD="${MINIMAXM3_COMPARE_CHILD:-}"
 
@@ -90,8 +96,10 @@ optional environment (default):
   COMPARE_POOLS           pools KV_PRECISION=compare runs, the first is the reference (${DEFAULT_COMPARE_POOLS})
   MODEL_PATH              local checkpoint served and judged instead of MODEL (unset)
   PP                      pipeline parallel size (unset)
-  RUN_EVAL                true|false (1|0): lm-eval gsm8k after the benchmark (false)
-  EVAL_TASK               the lm-eval task RUN_EVAL runs, scored by strict match (gsm8k)
+  RUN_EVAL                true|false (1|0): lm-eval long-context retrieval, then gsm8k, after the benchmark (false)
+  LONG_EVAL_LENGTHS       its context lengths in tokens, those that fit MAX_MODEL_LEN (${DEFAULT_LONG_EVAL_LENGTHS})
+  LONG_EVAL_DOCS          its prompts per length (${DEFAULT_LONG_EVAL_DOCS})
+  EVAL_TASK               the short-context sanity task, scored by strict match (gsm8k)
   EVAL_INCLUDE_PATH       lm-eval --include_path, for a task of your own (unset)
   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (unset: vLLM's default, as the public recipe)
   MAX_NUM_BATCHED_TOKENS  --max-num-batched-tokens (unset: vLLM's default, as the public recipe)
@@ -170,6 +178,11 @@ require_inputs() {
             usage_error "${name}=${!name} is not one of: true false 1 0"
         fi
     done
+    if run_eval; then
+        long_eval_tasks >/dev/null
+        [[ "${LONG_EVAL_DOCS:-$DEFAULT_LONG_EVAL_DOCS}" =~ ^[1-9][0-9]*$ ]] ||
+            usage_error "LONG_EVAL_DOCS=${LONG_EVAL_DOCS} is not a positive number"
+    fi
     if run_eval && [[ "$dry_run" != true ]] && ! command -v "$LM_EVAL_BIN" >/dev/null 2>&1; then
         echo "error: RUN_EVAL=${RUN_EVAL} needs ${LM_EVAL_BIN} on PATH;" \
             "install it with: pip install 'lm-eval[api]' (or unset RUN_EVAL)" >&2
@@ -179,6 +192,14 @@ require_inputs() {
 
 run_eval() {
     is_true "${RUN_EVAL:-false}"
+}
+
+long_eval_tasks() {
+    # The long-context task names for the lengths that fit MAX_MODEL_LEN; the
+    # helper says why when none does.
+    python3 "$LONG_EVAL_HELPER" tasks \
+        --lengths "${LONG_EVAL_LENGTHS:-$DEFAULT_LONG_EVAL_LENGTHS}" \
+        --max-model-len "$MAX_MODEL_LEN" || exit 64
 }
 
 precision_choice() {
@@ -294,10 +315,26 @@ build_commands() {
     # tokenizer_backend=none: lm-eval sends text and needs no tokenizer of its
     # own (else it asks /tokenizer_info, which vllm serve answers only with
     # --enable-tokenizer-info-endpoint, then imports transformers).
+    local model_args="model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False,tokenizer_backend=none"
     EVAL_CMD=("$LM_EVAL_BIN" --model local-completions --tasks "${EVAL_TASK:-gsm8k}"
-        --model_args "model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False,tokenizer_backend=none"
-        --output_path "$RESULT_DIR/eval")
+        --model_args "$model_args" --output_path "$RESULT_DIR/eval")
     [[ -z "${EVAL_INCLUDE_PATH:-}" ]] || EVAL_CMD+=(--include_path "$EVAL_INCLUDE_PATH")
+    # The long-context tasks are built against the running server (its
+    # tokenizer sizes each prompt), then run like any include-path task.
+    local lengths=(--lengths "${LONG_EVAL_LENGTHS:-$DEFAULT_LONG_EVAL_LENGTHS}"
+        --max-model-len "$MAX_MODEL_LEN")
+    LONG_EVAL_BUILD_CMD=(python3 "$LONG_EVAL_HELPER" build "${lengths[@]}"
+        --port "$PORT" --model "$SERVED_MODEL"
+        --docs "${LONG_EVAL_DOCS:-$DEFAULT_LONG_EVAL_DOCS}"
+        --out-dir "$RESULT_DIR/long_context")
+    LONG_EVAL_CMD=()
+    if run_eval; then
+        local tasks
+        tasks="$(long_eval_tasks)"
+        LONG_EVAL_CMD=("$LM_EVAL_BIN" --model local-completions --tasks "$tasks"
+            --model_args "$model_args" --include_path "$RESULT_DIR/long_context"
+            --output_path "$RESULT_DIR/eval_long_context")
+    fi
     PROBE_CMD=(python3 "$COMPARE_HELPER" probe --port "$PORT"
         --model "$SERVED_MODEL" --max-model-len "$MAX_MODEL_LEN"
         --out "$RESULT_DIR/agreement.json")
@@ -564,7 +601,9 @@ minimaxm3_main() {
     echo "== bench"
     echo "  ${BENCH_CMD[*]}"
     if run_eval; then
-        echo "== eval"
+        echo "== eval: long-context retrieval (what the index cache decides), then gsm8k"
+        echo "  ${LONG_EVAL_BUILD_CMD[*]}"
+        echo "  ${LONG_EVAL_CMD[*]}"
         echo "  ${EVAL_CMD[*]}"
     fi
     echo "== preflight: ${CHECK_CMD[*]}"
@@ -608,7 +647,11 @@ minimaxm3_main() {
     echo "== benchmarking"
     "${BENCH_CMD[@]}" || fail_with_log "the benchmark failed (exit $?)"
     if run_eval; then
-        "${EVAL_CMD[@]}" || fail_with_log "lm-eval gsm8k failed (exit $?)"
+        echo "== long-context retrieval eval: building its prompts with the served tokenizer"
+        "${LONG_EVAL_BUILD_CMD[@]}" >/dev/null ||
+            fail_with_log "building the long-context eval failed (exit $?)"
+        "${LONG_EVAL_CMD[@]}" || fail_with_log "lm-eval long-context retrieval failed (exit $?)"
+        "${EVAL_CMD[@]}" || fail_with_log "lm-eval ${EVAL_TASK:-gsm8k} failed (exit $?)"
     fi
     echo "== results in $RESULT_DIR/$RESULT_FILENAME"
 }

@@ -12,7 +12,14 @@ with ``CompletionLogProbs``, ``TokenizeResponse`` and ``ModelList``. Prompts
 are tokenized with the checkpoint's own tokenizer, as vLLM does, and one past
 ``--max-model-len`` minus ``max_tokens`` is refused with HTTP 400. The tokens
 it "generates" depend on the prompt alone; a prompt ending in ``Answer:``
-gets a gsm8k-style answer, ``#### N``, N from the prompt.
+gets a gsm8k-style answer, ``#### N``, N from the prompt, or, asked for a
+vault's pass code (the long-context retrieval eval), the code the prompt
+gives for that vault.
+
+PROTOCOL_SERVER_RECALLS=POOL:TOKENS makes the server of that pool (as
+``log_startup`` names it: stock, fp8, bf16 or mixed) answer pass-code
+questions wrongly in prompts longer than TOKENS: a model whose long-context
+retrieval fails past some length, for the report to catch.
 
 The log lines the launch scripts confirm are printed as vLLM and this plugin
 print them, for the pool the flags and ``VLLM_PLUGINS`` make.
@@ -21,6 +28,7 @@ print them, for the pool the flags and ``VLLM_PLUGINS`` make.
 import argparse
 import hashlib
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -34,14 +42,50 @@ PLUGIN_LINES = (
 )
 
 
+PASS_CODE_QUESTION = re.compile(r"what is the pass code for vault (\S+)\?")
+RECALLS_ENV = "PROTOCOL_SERVER_RECALLS"
+
+
+def pool_of(flags: argparse.Namespace) -> str:
+    """The pool these flags and VLLM_PLUGINS make, as the launch scripts name it."""
+    listed = os.environ.get("VLLM_PLUGINS")
+    if listed is not None and "minimax_m3_kv" not in listed.split(","):
+        return "stock"
+    if os.environ.get("VLLM_MINIMAX_M3_KV_ALLOW_MIXED") == "1":
+        return "mixed"
+    return "fp8" if flags.kv_cache_dtype == "fp8" else "bf16"
+
+
+def recall_limit(pool: str) -> int | None:
+    """Prompt tokens past which this pool's server answers pass codes wrongly."""
+    setting = os.environ.get(RECALLS_ENV, "")
+    name, _, tokens = setting.partition(":")
+    return int(tokens) if setting and name == pool else None
+
+
+def pass_code_answer(
+    prompt: str, prompt_tokens: int, recalls: int | None
+) -> str | None:
+    """The answer to a pass-code question: the code the prompt gives for the
+    asked vault (digits reversed past the recall limit), or None if not asked."""
+    asked = PASS_CODE_QUESTION.search(prompt[-200:])
+    if asked is None:
+        return None
+    key = re.escape(asked.group(1))
+    given = re.search(rf"The pass code for vault {key} is ([0-9]{{6}})\.", prompt)
+    code = given.group(1) if given else "000000"
+    if recalls is not None and prompt_tokens > recalls:
+        code = str(999_999 - int(code)).zfill(6)
+    return f" {code}"
+
+
 def _digest(*parts: object) -> int:
     return int(hashlib.sha256(repr(parts).encode()).hexdigest()[:8], 16)
 
 
 def log_startup(flags: argparse.Namespace) -> None:
     """What vLLM's log holds for this pool (read by the launch scripts)."""
-    listed = os.environ.get("VLLM_PLUGINS")
-    plugin = listed is None or "minimax_m3_kv" in listed.split(",")
+    plugin = pool_of(flags) != "stock"
     if plugin:
         print(f"(APIServer pid=1) INFO [__init__.py:46] {PLUGIN_LINES}", flush=True)
     fp8 = flags.kv_cache_dtype == "fp8"
@@ -69,7 +113,9 @@ def log_startup(flags: argparse.Namespace) -> None:
     )
 
 
-def make_app(model: str, served_name: str, max_model_len: int) -> Any:
+def make_app(
+    model: str, served_name: str, max_model_len: int, recalls: int | None = None
+) -> Any:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
     from pydantic import ValidationError
@@ -99,9 +145,11 @@ def make_app(model: str, served_name: str, max_model_len: int) -> Any:
         }
         return JSONResponse(body, status_code=status)
 
-    def generate(prompt: str, count: int) -> list[int]:
+    def generate(prompt: str, prompt_tokens: int, count: int) -> list[int]:
         if prompt.rstrip().endswith("Answer:"):
-            answer = f" #### {_digest(prompt) % 10}"
+            answer = pass_code_answer(prompt, prompt_tokens, recalls)
+            if answer is None:
+                answer = f" #### {_digest(prompt) % 10}"
             ids = tokenizer.encode(answer, add_special_tokens=False)
             return (ids + [tokenizer.eos_token_id or 0] * count)[:count]
         return [_digest(prompt, i) % vocab for i in range(count)]
@@ -162,7 +210,7 @@ def make_app(model: str, served_name: str, max_model_len: int) -> Any:
                 f"However, you requested {len(prompt_ids) + wanted} tokens "
                 f"({len(prompt_ids)} in the messages, {wanted} in the completion)."
             )
-        ids = generate(prompt, wanted)
+        ids = generate(prompt, len(prompt_ids), wanted)
         usage = UsageInfo(
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(ids),
@@ -215,7 +263,10 @@ def main(argv: list[str]) -> None:
         with open(pidfile, "a") as pids:
             pids.write(f"{os.getpid()}\n")
     app = make_app(
-        flags.model, flags.served_model_name or flags.model, flags.max_model_len
+        flags.model,
+        flags.served_model_name or flags.model,
+        flags.max_model_len,
+        recall_limit(pool_of(flags)),
     )
     log_startup(flags)
     import uvicorn

@@ -151,9 +151,10 @@ def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
     )
     assert "| 3,033,088 | 0.9480 (0.0060) | 40/40 | 40/40 | 100.0% |" in out
     assert decision(out) == (
-        "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs stock; gsm8k 0.9480"
-        " vs 0.9500 (within 1.96 standard errors); first tokens close on 40/40"
-        " prompts; 1.32x KV tokens"
+        "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs stock; long-context"
+        " retrieval within 1.96 standard errors at 4,096, 8,176 tokens; gsm8k 0.9480 vs"
+        " 0.9500 (within 1.96 standard errors; short context only); first tokens"
+        " close on 40/40 prompts; 1.32x KV tokens"
     )
     saved = report(tmp_path)
     assert saved["decision"]["run"] == "fp8"
@@ -188,6 +189,79 @@ def test_a_gsm8k_drop_beyond_its_standard_error_rules_a_pool_out(tmp_path):
         proc.stdout
     )
     assert decision(proc.stdout).startswith("decision: run KV_PRECISION=stock")
+
+
+def test_long_context_retrieval_decides_where_gsm8k_cannot_see(tmp_path):
+    # Equal gsm8k (its prompts are shorter than the indexer keeps); fp8 is
+    # worse at the longest length this MAX_MODEL_LEN allows.
+    pools = {
+        "stock": {"output_throughput": 1000.0, "long_context": {"16384": 0.93}},
+        "fp8": {
+            "output_throughput": 1300.0,
+            "long_context": {"4096": 0.9, "16384": 0.6},
+        },
+    }
+    proc = compare(tmp_path, pools, MAX_MODEL_LEN="20000", **NO_PREFLIGHT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert (
+        "long-context retrieval, exact match (stderr), 30 prompts per length, one "
+        "pass code among filler records:"
+    ) in out
+    # The lengths that fit, and the longest that does in place of those that do not.
+    assert "| pool | 4,096 tokens | 16,384 tokens | 19,984 tokens |" in out
+    assert "| fp8 | 0.90 (0.05) | 0.60 (0.05) | 0.90 (0.05) |" in out
+    assert "cannot see the index cache's precision" in out
+    assert (
+        "fp8 not eligible: long-context retrieval lower by more than 1.96 standard "
+        "errors at 16,384 tokens (0.60 vs 0.93)"
+    ) in out
+    assert decision(out).startswith("decision: run KV_PRECISION=stock")
+    saved = report(tmp_path)["pools"]
+    built = json.loads(
+        (tmp_path / "results" / "fp8" / "long_context" / "lengths.json").read_text()
+    )
+    assert sorted(built) == [
+        "minimax_m3_needles_16384",
+        "minimax_m3_needles_19984",
+        "minimax_m3_needles_4096",
+    ]
+    assert saved[1]["long_context"]["16384"]["accuracy"] == 0.6
+    assert saved[1]["long_context"]["16384"]["tokens"] == [
+        built["minimax_m3_needles_16384"]["tokens_min"],
+        built["minimax_m3_needles_16384"]["tokens_max"],
+    ]
+
+
+def test_dry_run_shows_the_long_context_eval_then_gsm8k_for_each_pool(tmp_path):
+    values = inputs(tmp_path, KV_PRECISION="compare", RUN_EVAL="1", **NO_PREFLIGHT)
+    proc = run_script(MI355X, values, "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for pool, text in sections(proc.stdout).items():
+        evals = text.split("== eval: long-context retrieval", 1)[1].splitlines()[1:4]
+        assert "minimaxm3_longctx.py build --lengths" in evals[0], (pool, evals)
+        tasks = "minimax_m3_needles_4096,minimax_m3_needles_8176"
+        assert f"--tasks {tasks} " in evals[1], (pool, evals)
+        assert f"results/{pool}/long_context " in evals[1], (pool, evals)
+        assert "--tasks gsm8k " in evals[2], (pool, evals)
+
+
+def test_a_context_too_short_to_reach_the_index_cache_is_refused_first(tmp_path):
+    values = inputs(
+        tmp_path,
+        KV_PRECISION="compare",
+        RUN_EVAL="1",
+        MAX_MODEL_LEN="2000",
+        **NO_PREFLIGHT,
+    )
+    proc = run_script(MI355X, values, "--dry-run")
+    assert proc.returncode == 64, proc.stdout + proc.stderr
+    assert (
+        "long-context eval: no length past the 2,048 tokens the indexer keeps fits "
+        "MAX_MODEL_LEN=2000 with 16 tokens to answer"
+    ) in proc.stderr
+    assert "raise MAX_MODEL_LEN, or set LONG_EVAL_LENGTHS" in proc.stderr
+    assert "== serve" not in proc.stdout
 
 
 def test_diverging_greedy_tokens_rule_a_pool_out(tmp_path):

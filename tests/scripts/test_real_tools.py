@@ -1,7 +1,10 @@
 """KV_PRECISION=compare with the real tools: the installed vLLM's own `vllm
 bench serve` and real lm-eval, against a test server built from vLLM's own
 protocol classes (``protocol_server.py``), serving a checkpoint whose
-tokenizer is denser than the probe's estimate (one token per character)."""
+tokenizer is denser than the probe's estimate (one token per character), so
+every long-context prompt's length in tokens is its length in characters.
+The fp8 pool's server answers pass codes wrongly past 2,000 tokens: a model
+whose retrieval fails only at long context, which gsm8k cannot show."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ QUESTIONS = [
     ]
 ]
 EVAL_TASK = "gsm8k_local"
+FP8_RECALLS = 2_000
 
 
 def char_tokenizer_checkpoint(folder: Path) -> Path:
@@ -115,6 +119,9 @@ metadata:
 )
 def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
     checkpoint = char_tokenizer_checkpoint(tmp_path / "checkpoint")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     task = gsm8k_format_task(tmp_path / "task")
     values = inputs(
         tmp_path,
@@ -126,6 +133,10 @@ def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
         # Long probe prompts are estimated at 2.5 characters a token; this
         # tokenizer takes one a character, so only /tokenize keeps them in.
         MAX_MODEL_LEN="4096",
+        # 8192 does not fit: the longest that does (4080) takes its place.
+        LONG_EVAL_LENGTHS="1024 3000 8192",
+        LONG_EVAL_DOCS="4",
+        PROTOCOL_SERVER_RECALLS=f"fp8:{FP8_RECALLS}",
         ISL="64",
         OSL="8",
         CONC="2",
@@ -156,5 +167,42 @@ def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
         )
         probe = json.loads((results / pool / "agreement.json").read_text())
         assert len(probe["answers"]) == 40  # none refused for its length
+        # Long context: what lm-eval wrote, per length, on prompts whose
+        # length the served tokenizer (one token a character) vouches for.
+        built = results / pool / "long_context"
+        (long_file,) = (results / pool / "eval_long_context").glob("**/results_*.json")
+        written = json.loads(long_file.read_text())["results"]
+        assert sorted(row["long_context"], key=int) == ["1024", "3000", "4080"]
+        for length, found in row["long_context"].items():
+            task = written[f"minimax_m3_needles_{length}"]
+            assert found["accuracy"] == pytest.approx(task["exact_match,pass-code"])
+            assert found["stderr"] == pytest.approx(
+                task["exact_match_stderr,pass-code"]
+            )
+            prompts = [
+                json.loads(line)
+                for line in (built / f"minimax_m3_needles_{length}.jsonl")
+                .read_text()
+                .splitlines()
+            ]
+            assert len(prompts) == found["docs"] == 4
+            for prompt in prompts:
+                text = prompt["prompt"]
+                # At most the length, at least 97% of it or two records short.
+                record = max(map(len, text.splitlines()))
+                assert len(tokenizer.encode(text)) == prompt["tokens"] <= int(length)
+                assert prompt["tokens"] >= min(
+                    0.97 * int(length), int(length) - 2 * record
+                )
+                assert f" is {prompt['answer']}.\n" in text
+            wrong_past_limit = pool == "fp8" and int(length) > FP8_RECALLS
+            assert found["accuracy"] == (0.0 if wrong_past_limit else 1.0), (
+                pool,
+                length,
+            )
     assert rows["fp8"]["agreement"]["prompts"] == 40
-    assert "decision: run KV_PRECISION=" in proc.stdout
+    assert (
+        "fp8 not eligible: long-context retrieval lower by more than 1.96 standard "
+        "errors at 3,000 tokens (0.00 vs 1.00), 4,080 tokens (0.00 vs 1.00)"
+    ) in proc.stdout
+    assert "decision: run KV_PRECISION=stock" in proc.stdout
