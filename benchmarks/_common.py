@@ -8,6 +8,9 @@ accelerator look present).
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
@@ -34,3 +37,19 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(cells[0]), rule, *map(line, cells[1:])])
+
+
+def print_result(
+    result: dict[str, Any],
+    render: Callable[[dict[str, Any]], str],
+    started: float,
+    json_only: bool,
+) -> None:
+    """The rendered table (unless ``json_only``), then one JSON line: the
+    result without its rows, with the run's wall time."""
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    if not json_only:
+        print(render(result))
+        print()
+    summary = {k: v for k, v in result.items() if k != "rows"}
+    print(json.dumps(summary | {"cells": len(result.get("rows", []))}))

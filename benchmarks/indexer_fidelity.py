@@ -6,7 +6,8 @@ vLLM's own MiniMax-M3 kernels.
 For each context length and key distribution, the same index keys are stored
 once as fp8 e4m3 in the index cache of a pool planned, allocated and bound by
 vLLM with this plugin loaded (its ``uint8``/``FP8_PER_TENSOR`` description,
-viewed back as e4m3), and once as bf16 in a native tensor. vLLM's prefill
+viewed back as e4m3), and once as bf16 in a native tensor; the index queries
+are stored in the cache's dtype, as the model allocates them. vLLM's prefill
 index-score and top-k kernels select blocks for the last queries of the
 sequence from each; vLLM's sparse attention then attends over each selection
 on the same fp8 main cache. Reported per cell, over the queries:
@@ -37,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import run_child, table
+from benchmarks._common import print_result, run_child, table
 
 DISTRIBUTIONS = ("rms", "outliers", "near_tied")
 CONTEXTS = {"quick": (2048, 8192, 32768), "full": (2048, 4096, 8192, 16384, 32768)}
@@ -97,7 +98,13 @@ def _cell(pool: Any, context: int, distribution: str, queries: int, seed: int) -
         int(sparse.get("sparse_local_block", 1)),
     )
     index_q = _keys("rms", queries, dim, generator).view(queries, 1, dim)
-    index_q = index_q.expand(queries, heads, dim).to(torch.bfloat16).to(device)
+    index_q = index_q.expand(queries, heads, dim).to(device)
+    # The model allocates its index query in the index cache's dtype
+    # (models/minimax_m3/{nvidia,amd}/model.py): fp8 beside fp8, bf16 beside bf16.
+    query_for = {
+        torch.float8_e4m3fn: index_q.to(torch.float8_e4m3fn),
+        torch.bfloat16: index_q.to(torch.bfloat16),
+    }
     q = torch.randn(queries, impl.num_heads, impl.head_size, generator=generator)
     q = q.to(torch.bfloat16).to(device)
     cu = torch.tensor([0, queries], dtype=torch.int32, device=device)
@@ -106,8 +113,9 @@ def _cell(pool: Any, context: int, distribution: str, queries: int, seed: int) -
 
     def select(cache: Any) -> tuple[Any, Any]:
         score = minimax_m3_index_score(
-            index_q, cache, block_table, cu, seq, prefix, queries, context, heads
-        )
+            query_for[cache.dtype], cache, block_table, cu, seq, prefix, queries,
+            context, heads,
+        )  # fmt: skip
         chosen = minimax_m3_index_topk(score, cu, prefix, queries, topk, init, local)
         return score, chosen
 
@@ -122,8 +130,9 @@ def _cell(pool: Any, context: int, distribution: str, queries: int, seed: int) -
     fp8_score, fp8_topk = select(index)
     # The plugin's bound cache against a native e4m3 tensor with the same bytes.
     native_score = minimax_m3_index_score(
-        index_q, native, block_table, cu, seq, prefix, queries, context, heads
-    )
+        query_for[native.dtype], native, block_table, cu, seq, prefix, queries,
+        context, heads,
+    )  # fmt: skip
     bf16_score, bf16_topk = select(bf16)
     recalls, regrets = [], []
     for query in range(queries):
@@ -264,16 +273,7 @@ def main() -> None:
         return
     start = time.perf_counter()
     result = measure("quick" if options.quick else "full", options.workers)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    if not options.json:
-        print(render(result))
-        print()
-    print(
-        json.dumps(
-            {k: v for k, v in result.items() if k != "rows"}
-            | {"cells": len(result["rows"])}
-        )
-    )
+    print_result(result, render, start, options.json)
 
 
 if __name__ == "__main__":
