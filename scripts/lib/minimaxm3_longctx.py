@@ -272,9 +272,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if options.command == "build":
         count_tokens = _tokenizer_of(options.port, options.model)
-        for name, facts in build(
-            options.out_dir, lengths, options.docs, count_tokens
-        ).items():
+        try:
+            built = build(options.out_dir, lengths, options.docs, count_tokens)
+        except (OSError, RuntimeError, KeyError, ValueError) as error:
+            # urllib's errors are OSErrors: the server's /tokenize, by name.
+            print(
+                f"long-context eval: building its prompts failed: "
+                f"{type(error).__name__}: {error}",
+                file=sys.stderr,
+            )
+            return 1
+        for name, facts in built.items():
             print(
                 f"  {name}: {facts['docs']} prompts of {facts['tokens_min']:,}-"
                 f"{facts['tokens_max']:,} tokens (served tokenizer)",

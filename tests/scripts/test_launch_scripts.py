@@ -553,3 +553,20 @@ def test_a_dry_run_with_run_eval_needs_no_lm_eval(tmp_path):
     proc = run_script("minimaxm3_fp8_b300.sh", values, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "tokenizer_backend=none" in proc.stdout
+
+
+def test_a_server_without_tokenize_stops_the_long_context_eval_with_one_error(tmp_path):
+    # The eval's prompts are sized with the served tokenizer; without it the
+    # run stops, saying so, rather than scoring prompts of unknown length.
+    values = inputs(
+        tmp_path, RUN_EVAL="1", CHECK_BIN="true", STANDIN_MODE="no_tokenize"
+    )
+    proc = run_script("minimaxm3_fp8_mi355x.sh", values, with_eval=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "long-context eval: building its prompts failed: HTTPError: HTTP Error 404"
+        in proc.stderr
+    )
+    assert "error: building the long-context eval failed (exit 1)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert_no_server_left(tmp_path)
