@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             f"long-context eval: no length past the {INDEXER_KEEPS:,} tokens the "
             f"indexer keeps fits MAX_MODEL_LEN={options.max_model_len} with "
             f"{MAX_GEN_TOKENS} tokens to answer, so it could not see the index "
-            "cache; raise MAX_MODEL_LEN, or set LONG_EVAL_LENGTHS",
+            f"cache; set MAX_MODEL_LEN={INDEXER_KEEPS + MAX_GEN_TOKENS + 1} or more "
+            "(or RUN_EVAL=0)",
             file=sys.stderr,
         )
         return 2

@@ -260,7 +260,11 @@ def test_a_context_too_short_to_reach_the_index_cache_is_refused_first(tmp_path)
         "long-context eval: no length past the 2,048 tokens the indexer keeps fits "
         "MAX_MODEL_LEN=2000 with 16 tokens to answer"
     ) in proc.stderr
-    assert "raise MAX_MODEL_LEN, or set LONG_EVAL_LENGTHS" in proc.stderr
+    assert "set MAX_MODEL_LEN=2065 or more (or RUN_EVAL=0)" in proc.stderr
+    # The fix runs as printed: the same command with it starts (dry run).
+    fixed = run_script(MI355X, {**values, "MAX_MODEL_LEN": "2065"}, "--dry-run")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "--tasks minimax_m3_needles_2049 " in fixed.stdout
     assert "== serve" not in proc.stdout
 
 
