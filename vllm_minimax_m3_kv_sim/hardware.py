@@ -23,9 +23,11 @@ PLATFORMS: dict[str, tuple[str, Any]] = {
     "mi355x": ("rocm", "gfx950"),
     "mi300x": ("rocm", "gfx942"),
     "mi250x": ("rocm", "gfx90a"),
+    "rtx-pro-6000": ("cuda", (12, 0)),
     "b300": ("cuda", (10, 3)),
     "b200": ("cuda", (10, 0)),
     "h200": ("cuda", (9, 0)),
+    "l40s": ("cuda", (8, 9)),
     "a100": ("cuda", (8, 0)),
 }
 

@@ -181,6 +181,19 @@ DECLARED_DIFFERENCES = (
         upstream=dict.fromkeys(BOTH, AS_IN_VLLM_0_33),
     ),
     DeclaredDifference(
+        "default_scoped_to_sm10x",
+        "On CUDA, PR 1's default applies on SM10x only, where an fp8 index "
+        "cache has published evaluations (vLLM #45892; round-4 review). The "
+        "plugin inherits fp8 wherever vLLM's fp8 indexer runs, Hopper too. "
+        "There PR 1 leaves 'auto' bf16: a mixed pool, as 0.33. A wider "
+        "default is a follow-up that needs long-context data "
+        "(docs/upstream.md).",
+        lambda cell: cell.platform.startswith("sm") and cell.platform != "sm100",
+        plugin=frozenset({"uniform/indexer=fp8", "uniform/indexer=fp8_e4m3"}),
+        # PR 1 + PR 3 runs no CUDA platform but SM100 (report.py).
+        upstream={"pr1": frozenset({"zeroing_needed"})},
+    ),
+    DeclaredDifference(
         "no_index_cache",
         "A checkpoint with no sparse layer and no MTP drafter builds no index "
         "cache. The plugin then leaves 'auto' as it is; PR 1's hook does not "

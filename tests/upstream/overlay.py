@@ -7,9 +7,10 @@ apply), and assembles an overlay: a ``vllm/`` tree of symlinks into the
 installed package, with real directories only along the paths to patched
 files. A child process with the overlay first on ``PYTHONPATH`` imports the
 patched vLLM; the installed package is only read. The patches' ``tests/``
-files land beside the overlay, to run with pytest from outside any source
-tree; their CI wiring (``.buildkite/``) is checked against vLLM's source
-release in ``precommit.py``, not here.
+files land beside the overlay; :func:`vllm_test_tree` puts them in vLLM's own
+``tests/`` (from its source release) to run under vLLM's real conftest. Their
+CI wiring (``.buildkite/``) is checked against that release in
+``precommit.py``, not here.
 """
 
 from __future__ import annotations
@@ -126,42 +127,12 @@ def _link_tree(installed: Path, patched: Path, into: Path) -> None:
             shutil.copyfile(entry, into / name)
 
 
-VLLM_TEST_FIXTURES = '''"""What vLLM's tests/conftest.py gives the patches' tests (the wheel has no
-tests/): caplog_vllm, vLLM's logs made visible to pytest's caplog, and the
-skip_global_cleanup marker."""
-
-import logging
-
-import pytest
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "skip_global_cleanup: vLLM's own marker")
-
-
-@pytest.fixture
-def caplog_vllm(monkeypatch, caplog):
-    from vllm.logger import DEFAULT_LOGGING_CONFIG
-
-    monkeypatch.setitem(DEFAULT_LOGGING_CONFIG["loggers"]["vllm"], "propagate", True)
-    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)
-    with caplog.at_level(logging.INFO):
-        yield caplog
-'''
-"""The patches' tests run outside vLLM's source tree (as its CI runs them
-against an install), so the one fixture of vLLM's ``tests/conftest.py`` they
-use is given here, doing what vLLM's does."""
-
-
 def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
     """Apply ``patches`` in order in ``workdir`` and assemble the overlay there."""
     vllm_root = installed_vllm()
     tree = workdir / "patched"
     tree.mkdir(parents=True)
     _apply(patches, tree, vllm_root)
-    conftest = tree / "tests" / "conftest.py"
-    if (tree / "tests").is_dir() and not conftest.exists():
-        conftest.write_text(VLLM_TEST_FIXTURES)
     root = workdir / "overlay"
     _link_tree(vllm_root, tree / "vllm", root / "vllm")
     patched = tuple(
@@ -175,6 +146,29 @@ def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
         )
     )
     return Overlay(root=root, tests=tree / "tests", patched=patched)
+
+
+def test_files(patches: tuple[Path, ...]) -> list[str]:
+    """The test modules the patches add, relative to vLLM's ``tests/``."""
+    return [
+        path.removeprefix("tests/")
+        for patch in patches
+        for path in touched_paths(patch)
+        if re.fullmatch(r"tests/.*/test_\w+\.py", path)
+    ]
+
+
+def vllm_test_tree(overlay: Overlay, source: Path) -> Path:
+    """vLLM's own ``tests/`` from its source release ``source``, with the
+    patches' test files in it, and vLLM's ``pyproject.toml`` (its pytest
+    markers) beside it. Run from there, the patches' tests load vLLM's real
+    ``tests/conftest.py`` and its fixtures, as vLLM's CI runs them from
+    ``/vllm-workspace/tests``; the wheel has no ``tests/`` to take them from."""
+    root = overlay.tests.parent.parent / "vllm-tests"
+    if not root.is_dir():  # once per overlay
+        _link_tree(source / "tests", overlay.tests, root / "tests")
+        shutil.copyfile(source / "pyproject.toml", root / "pyproject.toml")
+    return root / "tests"
 
 
 PATCHED_VLLM_CACHE_ROOT = CACHE / "vllm-cache-patched"

@@ -22,12 +22,13 @@ from tests.upstream import equivalence, overlay
 from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 
 # Platforms per series and matrix size (one process per simulated GPU). Full:
-# PR 1 everywhere. Quick: the recipes' GPUs (MI355X with AITER sparse PA, SM100)
-# and MI355X without it (today's public recipe).
+# PR 1 everywhere. Quick: the recipes' GPUs (MI355X with AITER sparse PA, SM100),
+# MI355X without it (today's public recipe) and SM90, where PR 1's default
+# does not apply.
 PLATFORMS_BY_SERIES = {
     "pr1": {
         "full": tuple(PLATFORMS),
-        "quick": ("mi355x-aiter-spa", "mi355x", "sm100"),
+        "quick": ("mi355x-aiter-spa", "mi355x", "sm100", "sm90"),
     },
     # Every platform with checkpoint-KV cells (matrix.CHECKPOINT_KV_PLATFORMS).
     "pr1_pr3": {
