@@ -53,7 +53,7 @@ def test_patched_vllms_keep_vllm_caches_apart_from_stock_and_each_other(tmp_path
         for name, patches in (
             ("pr1", overlay.PR1),
             ("pr1_again", overlay.PR1),
-            ("pr1_pr3", overlay.PATCHES),
+            ("pr1_pr3", overlay.PR1_PR3),
         )
     }
     assert roots["pr1"] == roots["pr1_again"]  # reused across runs

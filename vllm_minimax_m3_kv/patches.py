@@ -82,10 +82,11 @@ PATCHES: tuple[Patch, ...] = (
         upstream=(
             "Model-side alternative to vllm-project/vllm#64472 (scheduler keeps "
             "the zeroing decision, PP stages agree); builds on #54466 and #47287. "
-            "The default is proposed natively in upstream/ PR 1 (auto follows "
-            "fp8 where an fp8 indexer runs, in MiniMax-M3's VerifyAndUpdateConfig "
-            "entry); the refusals stay here: vLLM's defaults should not refuse "
-            "what starts today. The early KV dtype resolution is proposed "
+            "The default is proposed natively in upstream/ PR 1, scoped to "
+            "SM10x and gfx950's AITER MSA indexer, where evaluations exist (in "
+            "MiniMax-M3's VerifyAndUpdateConfig entry); the wider default and "
+            "the refusals stay here: vLLM's defaults should not refuse what "
+            "starts today. The early KV dtype resolution is proposed "
             "natively in upstream/ PR 3 (resolve_kv_cache_dtype_string resolves "
             "a compressed-tensors fp8 kv_cache_scheme as it already does "
             "modelopt's; refs vLLM #32843)."
@@ -153,9 +154,10 @@ PATCHES: tuple[Patch, ...] = (
             "layers still read the fp8 dtype."
         ),
         upstream=(
-            "vllm-project/vllm#53448 (closed) relaxed this gate for gfx950; "
-            "#47665 (open) adds fp8 to the Triton scorers. Awaits an upstream "
-            "gate that admits ROCm fp8 where the Triton kernels run it."
+            "upstream/ PR 4 relaxes this gate and the MTP check for gfx950 "
+            "through one ROCm function (vllm-project/vllm#53448, closed, did it "
+            "inside a larger rework); gfx942 also awaits a fused insert that "
+            "writes e4m3fnuz (minimax_m3_rocm_fnuz_index_writer)."
         ),
         remove_when=(
             "vLLM's select_indexer_impl_cls selects the Triton indexer for an "

@@ -153,6 +153,12 @@ def _simulate_cuda(capability: tuple[int, int]) -> None:
         def device_count(cls) -> int:
             return 8
 
+        @classmethod
+        def num_compute_units(cls, device_id: int = 0) -> int:
+            # Read by backends sizing their launch grids (e.g. Triton MLA);
+            # B200's SM count: the figure only sizes buffers here.
+            return 148
+
     platforms._current_platform = SimulatedCudaPlatform()
     _stand_in_cuda_extension_ops()
     if capability[0] == 9:

@@ -27,12 +27,17 @@ from vllm_minimax_m3_kv._versions import vllm_source_root
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = tuple(sorted((REPO / "upstream").glob("[0-9][0-9]-*.patch")))
-"""Every pull request: PR 1 (the index-cache default) and PR 3 (the checkpoint's
-KV cache dtype at config time). Each applies alone to v0.33.0; they touch
-different files, so the series applies in any order. (PR 2 is retired and its
-number not reused: docs/upstream.md.)"""
+"""Every pull request: PR 1 (the index-cache default), PR 3 (the checkpoint's
+KV cache dtype at config time) and PR 4 (an fp8 index cache on gfx950's Triton
+indexer). Each applies alone to v0.33.0; their vllm/ files are disjoint, so
+the series applies in any order. (PR 2 is retired and its number not reused:
+docs/upstream.md.)"""
 PR1 = tuple(p for p in PATCHES if p.name.startswith("01-"))
 PR3 = tuple(p for p in PATCHES if p.name.startswith("03-"))
+PR4 = tuple(p for p in PATCHES if p.name.startswith("04-"))
+PR1_PR3 = PR1 + PR3
+"""The default with the checkpoint's KV dtype resolved at config time: the
+series the equivalence run compares with the plugin on checkpoint-KV cells."""
 CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     / "vllm-minimax-m3-kv"
@@ -70,6 +75,8 @@ class Overlay:
     """The patch's ``tests/`` files."""
     patched: tuple[str, ...]
     """The ``vllm/...`` files that differ from the installed package."""
+    patches: tuple[Path, ...] = ()
+    """The patches applied, in order."""
 
 
 IN_THE_WHEEL = ("vllm/", "tests/")
@@ -145,11 +152,13 @@ def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
             }
         )
     )
-    return Overlay(root=root, tests=tree / "tests", patched=patched)
+    return Overlay(
+        root=root, tests=tree / "tests", patched=patched, patches=tuple(patches)
+    )
 
 
 def test_files(patches: tuple[Path, ...]) -> list[str]:
-    """The test modules the patches add, relative to vLLM's ``tests/``."""
+    """The test modules the patches add or change, relative to ``tests/``."""
     return [
         path.removeprefix("tests/")
         for patch in patches
@@ -158,16 +167,55 @@ def test_files(patches: tuple[Path, ...]) -> list[str]:
     ]
 
 
+def _own_copy(root: Path, path: str, source: Path) -> None:
+    """Make ``root/path`` a private copy of ``source/path`` in a tree of links
+    into ``source``: each linked directory on the way becomes a real one
+    (of links), so nothing is ever written through a link into the release."""
+    here = root
+    for part in Path(path).parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            target = here.resolve()
+            here.unlink()  # the link itself, in a directory of ours
+            here.mkdir()
+            for entry in target.iterdir():
+                (here / entry.name).symlink_to(entry, entry.is_dir())
+    file = root / path
+    assert file.is_symlink(), file
+    file.unlink()
+    shutil.copyfile(source / path, file)
+
+
 def vllm_test_tree(overlay: Overlay, source: Path) -> Path:
     """vLLM's own ``tests/`` from its source release ``source``, with the
-    patches' test files in it, and vLLM's ``pyproject.toml`` (its pytest
-    markers) beside it. Run from there, the patches' tests load vLLM's real
-    ``tests/conftest.py`` and its fixtures, as vLLM's CI runs them from
-    ``/vllm-workspace/tests``; the wheel has no ``tests/`` to take them from."""
+    patches' test files in it (new ones from the overlay, changed ones patched
+    on copies), and vLLM's ``pyproject.toml`` (its pytest markers) beside it.
+    Run from there, the patches' tests load vLLM's real ``tests/conftest.py``
+    and its fixtures, as vLLM's CI runs them from ``/vllm-workspace/tests``;
+    the wheel has no ``tests/`` to take them from."""
     root = overlay.tests.parent.parent / "vllm-tests"
-    if not root.is_dir():  # once per overlay
-        _link_tree(source / "tests", overlay.tests, root / "tests")
-        shutil.copyfile(source / "pyproject.toml", root / "pyproject.toml")
+    if root.is_dir():  # once per overlay
+        return root / "tests"
+    overlay.tests.mkdir(parents=True, exist_ok=True)  # a PR may add no test file
+    _link_tree(source / "tests", overlay.tests, root / "tests")
+    shutil.copyfile(source / "pyproject.toml", root / "pyproject.toml")
+    for patch in overlay.patches:
+        changed = [
+            path
+            for path, exists in touched_paths(patch).items()
+            if exists and path.startswith("tests/")
+        ]
+        for path in changed:
+            _own_copy(root, path, source)
+        if changed:
+            includes = [f"--include={path}" for path in changed]
+            subprocess.run(
+                ["git", "apply", *includes, str(patch)],
+                cwd=root,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
     return root / "tests"
 
 

@@ -113,7 +113,7 @@ def main() -> None:
                 workers=options.workers,
             ),
             "pr1_pr3": run_patched(
-                overlay.build(Path(workdir) / "pr1_pr3", overlay.PATCHES),
+                overlay.build(Path(workdir) / "pr1_pr3", overlay.PR1_PR3),
                 PLATFORMS_BY_SERIES["pr1_pr3"][options.size],
                 size=options.size,
                 workers=options.workers,
