@@ -86,10 +86,9 @@ PATCHES: tuple[Patch, ...] = (
             "SM10x and gfx950's AITER MSA indexer, where evaluations exist (in "
             "MiniMax-M3's VerifyAndUpdateConfig entry); the wider default and "
             "the refusals stay here: vLLM's defaults should not refuse what "
-            "starts today. The early KV dtype resolution is proposed "
-            "natively in upstream/ PR 3 (resolve_kv_cache_dtype_string resolves "
-            "a compressed-tensors fp8 kv_cache_scheme as it already does "
-            "modelopt's; refs vLLM #32843)."
+            "starts today. upstream/ PR 3 gives every MiniMax-M3 layer the "
+            "checkpoint's kv_cache_scheme per layer (refs vLLM #32843); the "
+            "config-time resolution this hook reads stays here."
         ),
         remove_when=(
             "vLLM resolves MiniMax-M3's indexer dtype from --kv-cache-dtype (PR "

@@ -6,8 +6,8 @@ cache (``is_fp8_cell``), plus each validator rule's witness slice
 in one :func:`~tests.reliability.matrix.outcome_class` (config error, uniform
 with which indexer dtype, mixed, or how it failed). Two series are compared
 with the plugin: PR 1 alone (``pr1``: the fp8 default) and PR 1 + PR 3
-(``pr1_pr3``: with the checkpoint's KV cache dtype resolved at config time,
-so the checkpoint-KV cells run too). Neither refuses anything, so both differ
+(``pr1_pr3``: with the checkpoint's kv_cache_scheme resolved per layer, so
+the checkpoint-KV cells run too). Neither refuses anything, so both differ
 by design wherever the plugin refuses; and both keep vLLM 0.33's description
 of the index cache (PR 2 is retired), so where the plugin starts a uniform
 pool they start the same index-cache dtype in a pool vLLM still zeroes. The
@@ -82,8 +82,8 @@ EXCLUDED_CELLS = {
         "(matrix.CHECKPOINT_KV). PR 1 reads cache_config.cache_dtype as the "
         "config hooks see it, which stock 0.33 leaves at auto for a "
         "compressed-tensors kv_cache_scheme (Attention.__init__ applies it at "
-        "model build). PR 3 resolves it at config time: the pr1_pr3 series "
-        "runs these cells."
+        "model build). PR 3 resolves it per layer: the pr1_pr3 series runs "
+        "these cells."
     ),
 }
 """Matrix cell kinds the equivalence run leaves out, and why."""
@@ -91,7 +91,7 @@ EXCLUDED_CELLS = {
 
 SERIES = ("pr1", "pr1_pr3")
 """``pr1``: upstream PR 1 alone (the default). ``pr1_pr3``: with PR 3 (the
-checkpoint's KV cache dtype at config time) too."""
+checkpoint's kv_cache_scheme resolved per layer) too."""
 SERIES_WITH_PR3 = ("pr1_pr3",)
 
 
@@ -192,6 +192,21 @@ DECLARED_DIFFERENCES = (
         plugin=frozenset({"uniform/indexer=fp8", "uniform/indexer=fp8_e4m3"}),
         # PR 1 + PR 3 runs no CUDA platform but SM100 (report.py).
         upstream={"pr1": frozenset({"zeroing_needed"})},
+    ),
+    DeclaredDifference(
+        "scheme_resolved_per_layer",
+        "PR 3 resolves a compressed-tensors kv_cache_scheme per layer (round-4 "
+        "review, semantics (b)), not into --kv-cache-dtype: config hooks still "
+        "see 'auto', so PR 1's hook leaves the index cache bf16 beside the fp8 "
+        "main caches every layer now gets: a mixed pool, as 0.33 builds with "
+        "an explicit bf16 index cache. The plugin resolves the scheme at config "
+        "time for MiniMax-M3 only, and its hook inherits fp8.",
+        lambda cell: (
+            cell.checkpoint in ("ct_fp8_kv", "ct_fp8_kv_sparse_first")
+            and cell.kv_cache_dtype in (None, "auto")
+        ),
+        plugin=frozenset({"uniform/indexer=fp8", "uniform/indexer=fp8_e4m3"}),
+        upstream={"pr1_pr3": frozenset({"zeroing_needed"})},
     ),
     DeclaredDifference(
         "no_index_cache",

@@ -329,7 +329,11 @@ def main() -> None:
         print(f"mypy: {len(stock)} errors on stock v0.33.0 in these files;")
         print(f"errors the patches add: {len(added)}", *sorted(added), sep="\n  ")
         sys.exit(1 if added else 0)
-    for title, patches in (("PR 1", overlay.PR1), ("PR 3", overlay.PR3)):
+    for title, patches in (
+        ("PR 1", overlay.PR1),
+        ("PR 3", overlay.PR3),
+        ("PR 4", overlay.PR4),
+    ):
         with tempfile.TemporaryDirectory() as workdir:
             tree = patched_tree(Path(workdir), patches)
             print(f"{title}:")

