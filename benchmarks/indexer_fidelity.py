@@ -35,10 +35,9 @@ import argparse
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from benchmarks._common import print_result, run_child, table
+from benchmarks._common import run_child, sweep_main, sweep_parser, table
 
 DISTRIBUTIONS = ("rms", "outliers", "near_tied")
 CONTEXTS = {"quick": (2048, 8192, 32768), "full": (2048, 4096, 8192, 16384, 32768)}
@@ -256,24 +255,16 @@ def render(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="fewer contexts and queries"
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON only")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser = sweep_parser(__doc__.splitlines()[0], "fewer contexts and queries")
     parser.add_argument("--cells", help=argparse.SUPPRESS)
     parser.add_argument("--queries", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     options = parser.parse_args()
-    if options.child:
-        result = child(json.loads(options.cells), options.queries)
-        Path(options.out).write_text(json.dumps(result))
-        return
-    start = time.perf_counter()
-    result = measure("quick" if options.quick else "full", options.workers)
-    print_result(result, render, start, options.json)
+    sweep_main(
+        options,
+        lambda: child(json.loads(options.cells), options.queries),
+        measure,
+        render,
+    )
 
 
 if __name__ == "__main__":

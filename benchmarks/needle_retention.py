@@ -35,10 +35,9 @@ import argparse
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from benchmarks._common import print_result, run_child, table
+from benchmarks._common import run_child, sweep_main, sweep_parser, table
 
 PATHS = {
     "CUDA Triton (H200)": "h200",
@@ -176,22 +175,16 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4K only on a CPU")
-    parser.add_argument("--json", action="store_true", help="print JSON only")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser = sweep_parser(__doc__.splitlines()[0], "4K only on a CPU")
     parser.add_argument("--hardware", help=argparse.SUPPRESS)
     parser.add_argument("--lengths", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     options = parser.parse_args()
-    if options.child:
-        result = child(options.hardware, json.loads(options.lengths))
-        Path(options.out).write_text(json.dumps(result))
-        return
-    start = time.perf_counter()
-    result = measure("quick" if options.quick else "full", options.workers)
-    print_result(result, render, start, options.json)
+    sweep_main(
+        options,
+        lambda: child(options.hardware, json.loads(options.lengths)),
+        measure,
+        render,
+    )
 
 
 if __name__ == "__main__":
