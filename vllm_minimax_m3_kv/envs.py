@@ -1,7 +1,12 @@
-"""The plugin's own environment variable, parsed as vLLM parses its flags.
+"""The plugin's own environment variables, all parsed one way.
 
-Kept apart from the policy so that registering the variable with vLLM at
+Kept apart from the policy so that registering the variables with vLLM at
 plugin load (``patches.py``) imports nothing else.
+
+Every switch reads as vLLM's boolean variables do (``1``/``true`` on,
+``0``/``false`` off), plus the spellings people type (``yes``/``on``,
+``no``/``off``); unset or empty is off. Anything else is an error naming the
+variable, so ``...=false`` can never turn a switch on.
 """
 
 from __future__ import annotations
@@ -16,34 +21,44 @@ SKIP_SELFTEST_ENV = "VLLM_MINIMAX_M3_KV_SKIP_SELFTEST"
 """Skips the per-process fp8 indexer self-test (``selftest.py``) on an image
 already verified."""
 
-
-def skip_selftest_from_env() -> bool:
-    """``VLLM_MINIMAX_M3_KV_SKIP_SELFTEST``, parsed leniently: any value but
-    empty or 0 skips."""
-    return os.getenv(SKIP_SELFTEST_ENV, "0") not in ("", "0")
-
-
 FP8_BALANCED_DECODE_ENV = "VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE"
 """Offers vLLM's tuned "balanced" decode index scorer to an fp8 index cache on
 ROCm (vLLM gives it to bf16 only). Off by default: unmeasured on a GPU."""
 
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("", "0", "false", "no", "off")
 
-def fp8_balanced_decode_from_env() -> bool:
-    """``VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE``: any value but empty or 0."""
-    return os.getenv(FP8_BALANCED_DECODE_ENV, "0") not in ("", "0")
+
+def parse_switch(name: str, value: str | None) -> bool:
+    """``value`` of the switch ``name`` (None: unset), or a ValueError that
+    says which values it takes."""
+    spelled = (value or "").strip().lower()
+    if spelled in SWITCH_ON:
+        return True
+    if spelled in SWITCH_OFF:
+        return False
+    raise ValueError(
+        f"{name}={value!r} is not a switch value: set {name}=1 to turn it on, "
+        f"{name}=0 to turn it off, or unset it."
+    )
+
+
+def switch_from_env(name: str) -> bool:
+    return parse_switch(name, os.getenv(name))
 
 
 def allow_mixed_from_env() -> bool:
-    """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED``, parsed as vLLM parses its own flags.
+    """``VLLM_MINIMAX_M3_KV_ALLOW_MIXED``. Also registered in
+    ``vllm.envs.environment_variables`` (see patches.py), so ``vllm.envs``
+    reads it through this same function."""
+    return switch_from_env(ALLOW_MIXED_ENV)
 
-    Also registered in ``vllm.envs.environment_variables`` (see patches.py),
-    so ``vllm.envs`` reads it through this same function.
-    """
-    value = os.getenv(ALLOW_MIXED_ENV, "0")
-    try:
-        return bool(int(value))
-    except ValueError:
-        raise ValueError(
-            f"{ALLOW_MIXED_ENV}={value!r} is not an integer: set "
-            f"{ALLOW_MIXED_ENV}=1 to accept a mixed MiniMax-M3 KV pool, or unset it."
-        ) from None
+
+def skip_selftest_from_env() -> bool:
+    """``VLLM_MINIMAX_M3_KV_SKIP_SELFTEST``."""
+    return switch_from_env(SKIP_SELFTEST_ENV)
+
+
+def fp8_balanced_decode_from_env() -> bool:
+    """``VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE``."""
+    return switch_from_env(FP8_BALANCED_DECODE_ENV)

@@ -21,7 +21,7 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     SKIP_LAYERS_FLAG,
     PrecisionFacts,
 )
-from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
+from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV, parse_switch
 
 
 class Outcome(enum.Enum):
@@ -182,5 +182,9 @@ def facts_with_fix(facts: PrecisionFacts, fix: Fix) -> PrecisionFacts:
         draft_kv_cache_dtype=flags.get(
             DRAFT_KV_CACHE_DTYPE_FLAG, fixed.draft_kv_cache_dtype
         ),
-        allow_mixed=env.get(ALLOW_MIXED_ENV, "1" if fixed.allow_mixed else "0") == "1",
+        allow_mixed=(
+            parse_switch(ALLOW_MIXED_ENV, env[ALLOW_MIXED_ENV])
+            if ALLOW_MIXED_ENV in env
+            else fixed.allow_mixed
+        ),
     )
