@@ -144,7 +144,7 @@ def _patch_indexer_selection(module: ModuleType) -> None:
     from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fp8_triton_indexer import (
         wrap_select_indexer_impl_cls,
     )
-    from vllm_minimax_m3_kv.selftest import check_node_once
+    from vllm_minimax_m3_kv.selftest_gate import check_node_once
 
     current = module.select_indexer_impl_cls
     if not hasattr(current, "__wrapped__"):

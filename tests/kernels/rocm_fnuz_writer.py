@@ -38,7 +38,7 @@ FNUZ_STEP = 2.0**-10
 def _kernel(mutant: str | None) -> dict[str, Any]:
     import torch
 
-    from vllm_minimax_m3_kv import selftest
+    from vllm_minimax_m3_kv import selftest, selftest_writer
     from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fnuz_index_writer import (
         fnuz_max,
     )
@@ -46,15 +46,17 @@ def _kernel(mutant: str | None) -> dict[str, Any]:
     fmt = selftest.platform_fp8()
     if mutant == "no_clamp":
         fmt = selftest.Fp8Format(fmt.dtype, math.inf)
-    inputs = selftest.writer_inputs(fmt)
-    written = selftest.run_writer(inputs, fmt, "cpu")
+    inputs = selftest_writer.writer_inputs(fmt)
+    written = selftest_writer.run_writer(inputs, fmt, "cpu")
     slots = inputs["slots"]
     kept = slots >= 0
     raw = written["cache"].view(torch.uint8).view(-1, 128)
-    changed = (raw != selftest.STALE_MARK).any(-1).nonzero().flatten().tolist()
+    changed = (raw != selftest_writer.STALE_MARK).any(-1).nonzero().flatten().tolist()
 
     def stored_right(got: Any, values: Any) -> tuple[bool, bool]:
-        values = values.float()
+        values, got = values.float(), got.float()
+        # NaN inputs are judged on their own (``nan_stays_nan``).
+        got, values = got[~values.isnan()], values[~values.isnan()]
         clamped = values.clamp(-224.0, 224.0)
         outliers = values.abs() >= 224.0
         outliers_ok = bool((got.float()[outliers] == clamped[outliers]).all())
@@ -73,6 +75,8 @@ def _kernel(mutant: str | None) -> dict[str, Any]:
         return outliers_ok, bool(close[visible & ~outliers].all())
 
     keys = written["cache"].view(-1, 128)[slots[kept]]
+    nan_keys = inputs["keys"][kept].float().isnan()
+    nan_queries = inputs["queries"].float().isnan()
     keys_outliers, keys_close = stored_right(keys, inputs["keys"][kept])
     queries_outliers, queries_close = stored_right(
         written["queries"], inputs["queries"]
@@ -84,6 +88,11 @@ def _kernel(mutant: str | None) -> dict[str, Any]:
         "mapped_slots": sorted(slots[kept].tolist()),
         "outliers_at_224": keys_outliers and queries_outliers,
         "values_close": keys_close and queries_close,
+        "nan_inputs": int(nan_keys.sum() + nan_queries.sum()),
+        "nan_stays_nan": bool(
+            keys.float()[nan_keys].isnan().all()
+            and written["queries"].float()[nan_queries].isnan().all()
+        ),
     }
 
 

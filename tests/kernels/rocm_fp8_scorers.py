@@ -22,7 +22,12 @@ Triton's interpreter. Writes, as JSON:
 Mutants (each must make the test fail): ``gate_closed`` (the plugin's gate
 entry off), ``bf16_query`` (the index query left bf16 beside the fp8 cache),
 ``corrupt_reference`` (the self-test's fp64 reference computed on bytes one
-step off, the kernels under test left alone: the gate must refuse).
+step off, the kernels under test left alone: the gate must refuse),
+``decode_drops_partial_block`` (vLLM's decode scorer handed lengths less
+their last partial block, in every dtype: the gate must refuse),
+``inputs_raise`` (input creation raises: the gate refuses with the plugin's
+fixes), ``keep_autotune`` (the self-test leaves its autotuner choices: the
+state check must see them).
 """
 
 from __future__ import annotations
@@ -46,24 +51,78 @@ def _fmt() -> Any:
 
 
 def _gate(mutant: str | None) -> str:
-    """The class vLLM's indexer gets for an fp8 index cache, or its refusal.
-    The node self-test runs first (under the interpreter here), except where
-    the run checks the gate alone (``VLLM_MINIMAX_M3_KV_SKIP_SELFTEST=1``)."""
+    """The class vLLM's indexer gets for an fp8 index cache, or its refusal,
+    asked where vLLM's model build asks it: under the loader's bf16 default
+    dtype and a non-CPU default device (``meta`` standing for the GPU). The
+    node self-test runs first (under the interpreter here), except where the
+    run checks the gate alone (``VLLM_MINIMAX_M3_KV_SKIP_SELFTEST=1``)."""
+    import torch
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.models.minimax_m3.common import indexer
-
-    from vllm_minimax_m3_kv.selftest import SelftestFailed
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
     select = indexer.select_indexer_impl_cls
     if mutant == "gate_closed":
         select = getattr(select, "__wrapped__", select)
     if mutant == "corrupt_reference":
         _corrupt_reference()
-    with set_current_vllm_config(VllmConfig()):
+    if mutant == "decode_drops_partial_block":
+        _decode_drops_partial_block()
+    if mutant == "inputs_raise":
+        _inputs_raise()
+    if mutant == "keep_autotune":
+        from vllm_minimax_m3_kv import selftest
+
+        selftest._autotuners = lambda module: []
+    with (
+        set_current_vllm_config(VllmConfig()),
+        set_default_torch_dtype(torch.bfloat16),
+        torch.device("meta"),
+    ):
         try:
             return select(topk_blocks=16, indexer_kv_dtype="fp8").__name__
-        except (NotImplementedError, SelftestFailed) as error:
+        except Exception as error:
             return f"refused: {type(error).__name__}: {error}"
+
+
+def _decode_drops_partial_block() -> None:
+    """vLLM's decode scorer handed each request's length less its last
+    partial block, for fp8 and bf16 alike: a defect a relative judge (fp8 vs
+    bf16 on the same kernel) cannot see."""
+    from vllm.models.minimax_m3.common import indexer
+
+    decode = indexer.minimax_m3_index_decode
+
+    def without_partial_block(q, cache, tables, lens, *args, **kwargs):
+        return decode(q, cache, tables, lens - lens % 128, *args, **kwargs)
+
+    indexer.minimax_m3_index_decode = without_partial_block
+
+
+def _inputs_raise() -> None:
+    from vllm_minimax_m3_kv import selftest
+
+    def make_inputs(case: Any) -> Any:
+        raise RuntimeError("input creation failed")
+
+    selftest.make_inputs = make_inputs
+
+
+def _autotune_state() -> dict[str, int]:
+    """Entries in the autotuner caches of the scorers serving will launch,
+    read here without the plugin's own helper (a mutant replaces it)."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import KernelInterface
+
+    from vllm_minimax_m3_kv.selftest import scorer_module
+
+    state = {}
+    for value in vars(scorer_module()).values():
+        while isinstance(value, KernelInterface):
+            if isinstance(value, Autotuner):
+                state[value.base_fn.__name__] = len(value.cache)
+            value = getattr(value, "fn", None)
+    return state
 
 
 def _corrupt_reference() -> None:
@@ -208,10 +267,16 @@ def _cuda_acceptance(case: Any, fp8: dict, bf16: dict) -> dict[str, bool]:
 
 
 def _selftest(record: Path | None) -> dict[str, Any]:
-    from vllm_minimax_m3_kv import selftest
+    """The verdict the gate reached in this process (``gate`` ran it inside
+    the model-build context), or a run of its own where the gate skipped it."""
+    from vllm_minimax_m3_kv import selftest, selftest_gate
     from vllm_minimax_m3_kv.entrypoints.selftest import save_record
 
-    result = selftest.run_selftest(device="cpu")
+    result = (
+        selftest_gate._node_result[0]
+        if selftest_gate._node_result
+        else selftest_gate.run_node_selftest()
+    )
     if record is not None:
         save_record(result.record, record)
     return {
@@ -219,6 +284,7 @@ def _selftest(record: Path | None) -> dict[str, Any]:
         "checked": result.checked,
         "failures": result.failures[:5],
         "line": selftest.verdict_line(result),
+        "state": selftest_gate.selftest_state(),
     }
 
 
@@ -244,7 +310,9 @@ def main() -> None:
     else:
         parts = args.only.split(",")
         if "gate" in parts:
+            out["autotune_before"] = _autotune_state()
             out["gate"] = _gate(args.mutant)
+            out["autotune_after"] = _autotune_state()
         if "bitwise" in parts:
             bitwise = _bitwise(args.mutant)
             out["cuda_acceptance"] = bitwise.pop("_acceptance", None)

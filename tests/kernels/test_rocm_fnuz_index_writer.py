@@ -39,6 +39,14 @@ def test_values_past_vllms_fnuz_range_are_stored_as_224(writer):
     assert kernel["values_close"]
 
 
+def test_nan_is_stored_as_nan_as_torchs_clamp_and_cast_stores_it(writer):
+    # tl.maximum/tl.minimum return the bound for a NaN operand: without its
+    # NaN guard the writer stored a NaN key as -224 (0xfe), torch as NaN.
+    kernel = writer["kernel"]
+    assert kernel["nan_inputs"] == 2
+    assert kernel["nan_stays_nan"]
+
+
 def test_without_the_clamp_the_outliers_are_not_224():
     # The check above can fail: torch's and Triton's fnuz casts do not
     # saturate (fnuz has no infinity; overflow is NaN or wraps).

@@ -10,6 +10,8 @@ bf16 side of each comparison needs; the fp8 side never takes it.
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 from vllm_minimax_m3_kv_sim.kernels import kernel_env
@@ -20,21 +22,78 @@ SKIP = {"VLLM_MINIMAX_M3_KV_SKIP_SELFTEST": "1"}
 
 
 def _child(*args: str, env: dict[str, str] | None = None) -> dict:
-    return json_from_out_file(
-        [*CHILD, *args], {**kernel_env(), **(env or {})}, timeout=1800
-    )
+    # Each child keeps its node verdicts in a cache root of its own, unless
+    # the test shares one (the cached-verdict test).
+    env = {"VLLM_CACHE_ROOT": tempfile.mkdtemp(prefix="m3kv-cache-"), **(env or {})}
+    return json_from_out_file([*CHILD, *args], {**kernel_env(), **env}, timeout=1800)
 
 
 @pytest.fixture(scope="module")
 def scorers(tmp_path_factory) -> dict:
+    # The self-test runs where a worker runs it: inside the gate, asked from
+    # a model-build context (bf16 default dtype, meta default device).
     record = tmp_path_factory.mktemp("selftest") / "record.pt"
-    out = _child("--record", str(record), env=SKIP)
+    cache_root = tmp_path_factory.mktemp("verdicts")
+    out = _child("--record", str(record), env={"VLLM_CACHE_ROOT": str(cache_root)})
     out["record_path"] = str(record)
+    out["cache_root"] = str(cache_root)
     return out
 
 
 def test_the_plugin_selects_vllms_triton_indexer_for_fp8_on_gfx950(scorers):
     assert scorers["gate"] == "MiniMaxM3IndexerTritonImpl"
+
+
+def test_a_worker_starts_with_the_selftest_run_inside_the_model_build(scorers):
+    # vLLM builds the model under set_default_torch_dtype(bf16) and a GPU
+    # default device; the gate runs the self-test there and the worker
+    # starts (before the fix: NotImplementedError, "Cannot copy out of meta
+    # tensor", from the self-test's inputs made on the default device).
+    assert scorers["gate"] == "MiniMaxM3IndexerTritonImpl"
+    state = scorers["selftest"]["state"]
+    assert state["ran"] and state["passed"] and state["cached"] is None
+
+
+def test_the_selftest_leaves_no_autotune_choice_for_serving(scorers):
+    # The prefill top-k kernel is autotuned per BLOCK_SIZE_T and dtypes: a
+    # choice made on the self-test's 24-block problem would be kept for
+    # serving. The gate puts the autotuner's cache back as it found it.
+    assert scorers["autotune_before"] == {"_topk_index_kernel": 0}
+    assert scorers["autotune_after"] == scorers["autotune_before"]
+
+
+def test_the_autotune_check_sees_a_choice_left_behind():
+    out = _child("--mutant", "keep_autotune", "--only", "gate")
+    assert out["gate"] == "MiniMaxM3IndexerTritonImpl"
+    assert out["autotune_after"] == {"_topk_index_kernel": 1}
+
+
+def test_a_passed_verdict_is_kept_for_the_node_and_read_by_the_next_start(scorers):
+    out = _child(
+        "--only", "gate,selftest", env={"VLLM_CACHE_ROOT": scorers["cache_root"]}
+    )
+    assert out["gate"] == "MiniMaxM3IndexerTritonImpl"
+    state = out["selftest"]["state"]
+    assert state["passed"] and state["cached"].startswith(scorers["cache_root"])
+    # Nothing ran: the kernels were not launched, so nothing was tuned.
+    assert out["autotune_after"] == {"_topk_index_kernel": 0}
+
+
+def test_a_decode_defect_shared_by_every_dtype_stops_the_start():
+    # Dropping the last partial block in decode, for fp8 and bf16 alike: a
+    # judge comparing fp8 with bf16 on the same kernel passed it.
+    out = _child("--mutant", "decode_drops_partial_block", "--only", "gate")
+    assert out["gate"].startswith("refused: SelftestFailed"), out["gate"]
+    assert "decode_topk_q1 row 0: picked" in out["gate"]
+    assert "fp64 selects" in out["gate"]
+
+
+def test_an_error_inside_the_selftest_is_the_plugins_refusal_with_its_fixes():
+    out = _child("--mutant", "inputs_raise", "--only", "gate")
+    assert out["gate"].startswith("refused: SelftestFailed"), out["gate"]
+    assert "the self-test raised RuntimeError: input creation failed" in out["gate"]
+    assert "Fix with one of:" in out["gate"]
+    assert "VLLM_MINIMAX_M3_KV_SKIP_SELFTEST=1" in out["gate"]
 
 
 def test_stock_vllm_refuses_the_same_request():
@@ -139,9 +198,17 @@ FNUZ = ["--hardware", "mi300x"]
 @pytest.fixture(scope="module")
 def fnuz_scorers(tmp_path_factory) -> dict:
     record = tmp_path_factory.mktemp("selftest_fnuz") / "record.pt"
-    out = _child(*FNUZ, "--record", str(record), env=SKIP)
+    out = _child(*FNUZ, "--record", str(record))
     out["record_path"] = str(record)
     return out
+
+
+def test_an_mi300x_worker_starts_with_the_selftest_inside_the_model_build(
+    fnuz_scorers,
+):
+    assert fnuz_scorers["gate"] == "MiniMaxM3IndexerTritonImpl"
+    assert fnuz_scorers["selftest"]["state"]["passed"]
+    assert fnuz_scorers["autotune_after"] == fnuz_scorers["autotune_before"]
 
 
 def test_the_plugin_selects_vllms_triton_indexer_for_fnuz_on_gfx942(fnuz_scorers):

@@ -12,11 +12,21 @@ from vllm_minimax_m3_kv._versions import DISTRIBUTION
 from vllm_minimax_m3_kv.selftest import (
     E4M3FN,
     Case,
+    isolated_from_caller,
     kernel_device,
-    run_node_selftest,
     run_scorers,
+    scorer_module,
     verdict_line,
 )
+from vllm_minimax_m3_kv.selftest_gate import (
+    node_key,
+    run_node_selftest,
+    store_result,
+    verdict_path,
+)
+
+EXIT_PASSED, EXIT_FAILED, EXIT_NOT_RUN = 0, 1, 2
+"""``selftest``'s exit codes (a replay that differs exits 1)."""
 
 
 def replay(record: dict[str, Any], device: str | None = None) -> list[str]:
@@ -30,7 +40,7 @@ def replay(record: dict[str, Any], device: str | None = None) -> list[str]:
     stored = [
         record["bytes"][name].view(fp8) for name in ("keys", "prefill_q", "decode_q")
     ]
-    with torch.device("cpu"):
+    with isolated_from_caller(scorer_module()):
         outputs = run_scorers(case, *stored, device=device or kernel_device())
     return [
         name
@@ -58,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=f"{DISTRIBUTION} selftest",
         description="Run vLLM's MiniMax-M3 indexer scorers on an fp8 index cache "
-        "on this GPU and judge them (exit 0: passed).",
+        "on this GPU and judge them against fp64. Exit 0: passed (the verdict is "
+        "kept for this node, so workers starting after it skip the kernels); "
+        "1: failed, or a replay differs; 2: not run (no GPU in this process).",
     )
     parser.add_argument("--replay-file", type=Path, help="write the run's record here")
     parser.add_argument(
@@ -68,13 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay is not None:
         differs = replay(load_record(args.replay))
         print("replay: bit for bit" if not differs else f"replay differs: {differs}")
-        return 0 if not differs else 1
+        return EXIT_PASSED if not differs else EXIT_FAILED
     result = run_node_selftest()
-    if not result.checked:
+    if not result.ran:
         print(f"selftest {result.failures[0]}")
-        return 2
+        return EXIT_NOT_RUN
     print(verdict_line(result))
+    if result.passed:
+        key = node_key(kernel_device())
+        store_result(verdict_path(key), key, result)
     if args.replay_file is not None:
         save_record(result.record, args.replay_file)
         print(f"replay file: {args.replay_file}")
-    return 0 if result.passed else 1
+    return EXIT_PASSED if result.passed else EXIT_FAILED

@@ -21,7 +21,8 @@ launches (two more per sparse layer):
    nothing reads afterwards (vLLM's attention reads K/V from the cache);
 3. :func:`clamp_cast_index` (one Triton kernel of this plugin): index key and
    query clamped to vLLM's fnuz range (+-224, ``get_fp8_min_max``: torch's
-   cast turns overflow into NaN) and cast, the key scattered into the cache by
+   cast turns overflow into NaN) and cast, NaN kept NaN as torch's
+   clamp-and-cast keeps it, the key scattered into the cache by
    the index slot mapping (padded slots, < 0, skipped), the query stored dense.
 
 gfx950 and CUDA keep vLLM's fused op untouched (their e4m3fn type is OCP).
@@ -38,6 +39,22 @@ from typing import Any
 import torch
 
 FNUZ = torch.float8_e4m3fnuz
+
+
+def _fnuz() -> tuple[Any, int]:
+    import triton.language as tl
+
+    return tl.float8e4b8, 0x80  # fnuz has one NaN, the byte of -0
+
+
+def _e4m3fn() -> tuple[Any, int]:
+    import triton.language as tl
+
+    return tl.float8e4nv, 0x7F
+
+
+FP8_TYPES = {FNUZ: _fnuz, torch.float8_e4m3fn: _e4m3fn}
+"""torch dtype -> (Triton's type, its NaN byte), for the types vLLM stores."""
 
 EXTRA_LAUNCHES_PER_SPARSE_LAYER = 2
 """Launches added to vLLM's one fused call per sparse layer and step."""
@@ -62,8 +79,8 @@ def _kernel() -> Any:
     def clamp_cast_index_kernel(
         key_ptr,  # [tokens, HEAD_DIM] bf16 rows of qkv (strided)
         query_ptr,  # [tokens, QUERY_WIDTH] bf16
-        cache_ptr,  # [blocks, BLOCK_SIZE, HEAD_DIM] fp8
-        query_out_ptr,  # [tokens, QUERY_WIDTH] fp8
+        cache_ptr,  # [blocks, BLOCK_SIZE, HEAD_DIM] fp8, as bytes
+        query_out_ptr,  # [tokens, QUERY_WIDTH] fp8, as bytes
         slot_ptr,  # [tokens] int
         stride_key,
         stride_query,
@@ -75,18 +92,25 @@ def _kernel() -> Any:
         HEAD_DIM: tl.constexpr,
         QUERY_WIDTH: tl.constexpr,
         BLOCK_Q: tl.constexpr,
+        FP8: tl.constexpr,
+        NAN_BITS: tl.constexpr,
     ):
+        # Clamp, cast, and store the bytes; NaN is stored as the type's NaN,
+        # as torch's clamp-and-cast stores it (tl.maximum and tl.minimum
+        # would return the bound, and a cast of NaN is left to no backend).
         token = tl.program_id(0)
         dims = tl.arange(0, HEAD_DIM)
         key = tl.load(key_ptr + token * stride_key + dims).to(tl.float32)
-        key = tl.minimum(tl.maximum(key, -fp8_max), fp8_max)
+        key_bits = tl.minimum(tl.maximum(key, -fp8_max), fp8_max).to(FP8)
+        key_bits = key_bits.to(tl.uint8, bitcast=True)
+        key_bits = tl.where(
+            key != key, tl.full([HEAD_DIM], NAN_BITS, tl.uint8), key_bits
+        )
         slot = tl.load(slot_ptr + token).to(tl.int64)
         block = slot // BLOCK_SIZE
         dst = cache_ptr + block * stride_cache_block
         dst += (slot - block * BLOCK_SIZE) * stride_cache_slot + dims
-        tl.store(
-            dst, key.to(cache_ptr.dtype.element_ty), mask=(dims >= 0) & (slot >= 0)
-        )
+        tl.store(dst, key_bits, mask=(dims >= 0) & (slot >= 0))
         cols = tl.arange(0, BLOCK_Q)
         for start in range(0, QUERY_WIDTH, BLOCK_Q):
             offs = start + cols
@@ -94,12 +118,12 @@ def _kernel() -> Any:
             query = tl.load(
                 query_ptr + token * stride_query + offs, mask=inside, other=0.0
             ).to(tl.float32)
-            query = tl.minimum(tl.maximum(query, -fp8_max), fp8_max)
-            tl.store(
-                query_out_ptr + token * stride_query_out + offs,
-                query.to(query_out_ptr.dtype.element_ty),
-                mask=inside,
+            bits = tl.minimum(tl.maximum(query, -fp8_max), fp8_max).to(FP8)
+            bits = bits.to(tl.uint8, bitcast=True)
+            bits = tl.where(
+                query != query, tl.full([BLOCK_Q], NAN_BITS, tl.uint8), bits
             )
+            tl.store(query_out_ptr + token * stride_query_out + offs, bits, mask=inside)
 
     return clamp_cast_index_kernel
 
@@ -130,12 +154,18 @@ def clamp_cast_index(
             f"index query {tuple(index_q.shape)} and its output "
             f"{tuple(index_q_out.shape)} disagree with {tokens} tokens"
         )
+    if index_cache.dtype != index_q_out.dtype or index_cache.dtype not in FP8_TYPES:
+        raise ValueError(
+            f"the index cache ({index_cache.dtype}) and query ({index_q_out.dtype}) "
+            "need one fp8 e4m3 type"
+        )
+    fp8, nan_bits = FP8_TYPES[index_cache.dtype]()
     query_width = index_q.shape[1]
     _kernel()[(tokens,)](
         index_k,
         index_q,
-        index_cache,
-        index_q_out,
+        index_cache.view(torch.uint8),
+        index_q_out.view(torch.uint8),
         index_slot_mapping,
         index_k.stride(0),
         index_q.stride(0),
@@ -147,6 +177,8 @@ def clamp_cast_index(
         HEAD_DIM=head_dim,
         QUERY_WIDTH=query_width,
         BLOCK_Q=min(512, 1 << (query_width - 1).bit_length()),
+        FP8=fp8,
+        NAN_BITS=nan_bits,
     )
 
 

@@ -1,0 +1,203 @@
+"""When and where the node self-test runs, and what its verdict does.
+
+vLLM's ``select_indexer_impl_cls`` asks :func:`check_node_once` before the
+plugin selects its Triton indexer for an fp8 index cache on ROCm. That call
+comes from inside vLLM's model build, in every worker, under a GPU default
+device and the model's default dtype (``model_loader/base_loader.py``), so:
+
+* the self-test runs in a context of its own (``selftest.isolated_from_caller``:
+  default device and dtype reset, every tensor placed and typed, the
+  autotuner's choices on the toy problem put back);
+* anything it raises becomes the plugin's refusal with its fixes, never a
+  bare traceback from a worker;
+* a passed verdict is cached per node, keyed by what would change it (host,
+  GPU architecture, runtime and driver, torch, Triton, vLLM and plugin
+  versions, fp8 type), under vLLM's cache root: later starts read it instead
+  of running the kernels again. A failed verdict is never cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from vllm_minimax_m3_kv._versions import installed_version, plugin_version
+from vllm_minimax_m3_kv.envs import SKIP_SELFTEST_ENV, skip_selftest_from_env
+from vllm_minimax_m3_kv.selftest import (
+    Result,
+    SelftestFailed,
+    _device_name,
+    kernel_device,
+    platform_fp8,
+    run_selftest,
+    verdict_line,
+)
+from vllm_minimax_m3_kv.selftest_writer import check_writer
+
+FAILURE_FIXES = (
+    f"{SKIP_SELFTEST_ENV}=1  # serve anyway (only on an image verified before)",
+    "--kv-cache-dtype auto  # main cache bf16, no fp8 index cache",
+)
+VERDICT_DIR = "vllm_minimax_m3_kv"
+"""Under vLLM's cache root (``VLLM_CACHE_ROOT``)."""
+
+
+def run_node_selftest() -> Result:
+    """Both halves on this process's GPU (not run without one)."""
+    device = kernel_device()
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return Result(failures=["not run: no GPU in this process"], ran=False)
+    fmt = platform_fp8()
+    result = run_selftest(device=device, fmt=fmt)
+    result.writer = check_writer(result, device, fmt)
+    return result
+
+
+def node_key(device: str) -> dict[str, str]:
+    """What the verdict depends on."""
+    import torch
+    import triton
+
+    runtime = f"hip {torch.version.hip}" if torch.version.hip else None
+    return {
+        "host": socket.gethostname(),
+        "gpu": _device_name(device),
+        "arch": _gpu_arch(device),
+        "runtime": runtime or f"cuda {torch.version.cuda}",
+        "driver": _driver_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "vllm": installed_version("vllm") or "none",
+        "plugin": plugin_version(),
+        "fp8": platform_fp8().dtype,
+    }
+
+
+def _gpu_arch(device: str) -> str:
+    import torch
+
+    if device != "cuda":
+        return "cpu"
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return getattr(props, "gcnArchName", None) or f"sm{props.major}{props.minor}"
+
+
+def _driver_version() -> str:
+    for path in ("/sys/module/amdgpu/version", "/proc/driver/nvidia/version"):
+        try:
+            return Path(path).read_text(encoding="utf-8").splitlines()[0].strip()
+        except (OSError, IndexError):
+            continue
+    return "unknown"
+
+
+def verdict_path(key: dict[str, str]) -> Path:
+    """Where a passed verdict for ``key`` is kept."""
+    import vllm.envs as vllm_envs
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return Path(vllm_envs.VLLM_CACHE_ROOT, VERDICT_DIR, f"selftest-{digest[:16]}.json")
+
+
+def cached_result(path: Path, key: dict[str, str]) -> Result | None:
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if stored.get("key") != key:
+        return None
+    return Result(
+        checked=int(stored["checked"]),
+        record={"device": key["gpu"], "fp8": key["fp8"], "cached": str(path)},
+        writer=stored["writer"],
+    )
+
+
+def store_result(path: Path, key: dict[str, str], result: Result) -> None:
+    """Write a passed verdict, atomically: every worker of a node may write."""
+    entry = {"key": key, "checked": result.checked, "writer": result.writer}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(entry, indent=1), encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only cache root only costs the next start a rerun
+
+
+def node_verdict() -> Result:
+    """The verdict for this process: cached for this node, or run now. What
+    the self-test raises is a failed verdict, not an exception."""
+    device = kernel_device()
+    path = key = None
+    try:
+        if device != "cpu" or os.environ.get("TRITON_INTERPRET") == "1":
+            key = node_key(device)
+            path = verdict_path(key)
+            cached = cached_result(path, key)
+            if cached is not None:
+                return cached
+        result = run_node_selftest()
+    except Exception as error:
+        return Result(
+            failures=[f"the self-test raised {type(error).__name__}: {error}"],
+            record={"device": _device_name(device)},
+        )
+    if result.passed and path is not None and key is not None:
+        store_result(path, key, result)
+    return result
+
+
+_checked = threading.Lock()
+_node_result: list[Result] = []
+
+
+def check_node_once() -> None:
+    """Run the self-test once per process before the fp8 Triton indexer is
+    selected; stop the start with its fixes if it fails."""
+    from vllm_minimax_m3_kv._log import get_logger
+
+    logger = get_logger(__name__)
+    if skip_selftest_from_env():
+        logger.info_once(
+            "MiniMax-M3 fp8 indexer self-test skipped (%s).", SKIP_SELFTEST_ENV
+        )
+        return
+    with _checked:
+        if not _node_result:
+            _node_result.append(node_verdict())
+    result = _node_result[0]
+    if result.passed:
+        cached = result.record.get("cached")
+        logger.info_once(
+            "MiniMax-M3 fp8 indexer %s%s",
+            verdict_line(result),
+            f" (cached verdict: {cached}; delete it to run again)" if cached else "",
+        )
+        return
+    if not result.ran:  # no device in this process (a CPU build, a test)
+        logger.warning_once("MiniMax-M3 fp8 indexer self-test %s", result.failures[0])
+        return
+    raise SelftestFailed(
+        f"MiniMax-M3 fp8 index cache on vLLM's Triton indexer: {verdict_line(result)}. "
+        "This GPU does not reproduce the fp8 index cache; do not serve an fp8 "
+        "index cache here.\nFix with one of:\n  " + "\n  ".join(FAILURE_FIXES)
+    )
+
+
+def selftest_state() -> dict[str, Any]:
+    """What this process's gate decided (for tests and ``status``)."""
+    if not _node_result:
+        return {"ran": False}
+    result = _node_result[0]
+    return {
+        "ran": result.ran,
+        "passed": result.passed,
+        "cached": result.record.get("cached"),
+        "line": verdict_line(result),
+    }
