@@ -20,6 +20,7 @@ ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 ENVS_MODULE = "vllm.envs"
 AMD_MODEL_MODULE = "vllm.models.minimax_m3.amd.model"
 AMD_MTP_MODULE = "vllm.models.minimax_m3.amd.mtp"
+SPARSE_ATTENTION_MODULE = "vllm.models.minimax_m3.common.sparse_attention"
 AMD_INDEX_TOPK_MODULE = "vllm.models.minimax_m3.amd.ops.index_topk"
 CUSTOM_OPS_MODULE = "vllm._custom_ops"
 
@@ -131,6 +132,10 @@ def detect_rocm_fp8_triton_indexer() -> str | None:
         # The ROCm model allocates the index query in the index cache's dtype
         # (the Triton dots take fp8 x fp8, not bf16 x fp8).
         or _source_lacks(AMD_MODEL_MODULE, "dtype=self.indexer.index_cache.dtype")
+        # Beside AITER sparse PA on gfx942 the gate stands aside.
+        or _source_lacks(
+            SPARSE_ATTENTION_MODULE, "def _minimax_m3_aiter_sparse_pa_requested("
+        )
         or _source_lacks(
             AMD_MTP_MODULE,
             "class MiniMaxM3MultiTokenPredictor(",

@@ -34,6 +34,8 @@ MI355X_NO_AITER = dataclasses.replace(
 MI300X = dataclasses.replace(
     MI355X, name="ROCm gfx942 (MI300X)", rocm_gfx950=False, rocm_gfx942=True
 )
+# AITER on, its sparse paged attention off: the plugin's fnuz writer runs.
+MI300X_NO_SPA = dataclasses.replace(MI300X, shuffle_kv_cache_layout=False)
 # A ROCm GPU with neither gfx950's nor gfx942's fp8: no fp8 indexer runs there.
 MI250X = dataclasses.replace(MI300X, name="ROCm gfx90a (MI250X)", rocm_gfx942=False)
 B300 = PlatformFacts(
@@ -47,6 +49,7 @@ PLATFORMS = [
     MI355X,
     MI355X_NO_AITER,
     MI300X,
+    MI300X_NO_SPA,
     MI250X,
     B300,
     A100,
@@ -100,9 +103,14 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         ),
         # gfx942: the same Triton indexer on an e4m3fnuz index cache (the
         # plugin's minimax_m3_rocm_fnuz_index_writer entry writes it).
-        (facts(MI300X), Outcome.INHERITED, "fp8"),
-        (facts(MI300X, tensor_parallel_size=8), Outcome.INHERITED, "fp8"),
-        (facts(MI300X, indexer="fp8"), Outcome.UNIFORM, "fp8"),
+        (facts(MI300X_NO_SPA), Outcome.INHERITED, "fp8"),
+        (facts(MI300X_NO_SPA, tensor_parallel_size=8), Outcome.INHERITED, "fp8"),
+        (facts(MI300X_NO_SPA, indexer="fp8"), Outcome.UNIFORM, "fp8"),
+        # Beside AITER sparse PA, AITER's kernels would write that index
+        # cache, which nothing checks: refused, at every TP, explicit fp8 too.
+        (facts(MI300X), Outcome.ERROR, "auto"),
+        (facts(MI300X, tensor_parallel_size=8), Outcome.ERROR, "auto"),
+        (facts(MI300X, indexer="fp8"), Outcome.ERROR, "fp8"),
         (facts(MI250X), Outcome.ERROR, "auto"),
         (facts(A100), Outcome.ERROR, "auto"),
         (facts(CPU), Outcome.ERROR, "auto"),

@@ -226,6 +226,10 @@ RULE_WITNESSES: dict[str, tuple[str, ...]] = {
         "mi355x-aiter-spa",
         "checkpoint=topk32",
     ),
+    "rocm_triton_fp8_on_gfx942_needs_the_plugins_writer": (
+        "mi300x-aiter-spa",
+        "kv_cache_dtype=fp8",
+    ),
     "drafter_kv_cache_matches_target": ("sm100", "draft_kv_cache_dtype=auto"),
     "skipped_layers_keep_one_precision": ("mi355x-aiter-spa", "skip_layers=0"),
     "pool_has_an_index_cache": ("sm80", "checkpoint=no_sparse"),

@@ -239,6 +239,30 @@ def _rocm_triton_indexer_needs_one_kv_head_per_rank(
     )
 
 
+def _rocm_triton_fp8_on_gfx942_needs_the_plugins_writer(
+    facts: PrecisionFacts,
+) -> Blocker | None:
+    # amd/model.py: beside AITER sparse PA the index key and query are written
+    # by AITER's fused_qknorm_idxrqknorm or by vLLM's fused op (its OCP fp8
+    # store, wrong for fnuz) and minimax_m3_insert_index_cache, not through
+    # the fused call the plugin's fnuz writer replaces: nothing checks those
+    # e4m3fnuz bytes, so the plugin does not serve that index cache.
+    platform = facts.platform
+    if not (platform.rocm_gfx942 and platform.aiter_sparse_pa):
+        return None
+    return Blocker(
+        f"on gfx942 beside AITER sparse paged attention {ROCM_TRITON_INDEXER}'s "
+        "fnuz index cache would be written by AITER's kernels, which nothing "
+        "here checks (the plugin's fnuz writer runs without it)",
+        (
+            Fix(
+                f"{ROCM_TRITON_INDEXER} without AITER sparse paged attention",
+                env=((SHUFFLE_KV_ENV, "0"),),
+            ),
+        ),
+    )
+
+
 ANY_INDEXER = ""
 """A rule every fp8 indexer on the platform needs."""
 
@@ -301,6 +325,11 @@ FP8_INDEXER_RULES: tuple[Rule, ...] = (
     Rule(
         "rocm_triton_indexer_needs_one_kv_head_per_rank",
         _rocm_triton_indexer_needs_one_kv_head_per_rank,
+        ROCM_TRITON_INDEXER,
+    ),
+    Rule(
+        "rocm_triton_fp8_on_gfx942_needs_the_plugins_writer",
+        _rocm_triton_fp8_on_gfx942_needs_the_plugins_writer,
         ROCM_TRITON_INDEXER,
     ),
 )
