@@ -72,6 +72,12 @@ REFUSALS = {
     # Both caches bf16, which vLLM itself cannot build here (check says so).
     "bf16_aiter_tp2": (["--target", "mi355x", "-tp", "2"], AITER_SPARSE_PA),
     "gfx90a": (["--target", "mi250x", "--kv-cache-dtype", "fp8", "-tp", "8"], {}),
+    # AITER's kernels would write the fnuz index cache: the fix turns the
+    # shuffled layout off, and the plugin's writer fills it.
+    "gfx942_aiter_sparse_pa": (
+        ["--target", "mi300x", "--kv-cache-dtype", "fp8", "-tp", "4"],
+        AITER_SPARSE_PA,
+    ),
     "float16": (
         [
             "--target",

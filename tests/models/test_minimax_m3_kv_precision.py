@@ -203,7 +203,12 @@ def mi300x(scenario_runner):
                 "engine": {**FP8, "attention_config": FP8_INDEXER},
             },
             {
-                "id": "fp8_kv_aiter_set",
+                "id": "fp8_kv_aiter_only",
+                "env": {"VLLM_ROCM_USE_AITER": "1"},
+                "engine": {**FP8, "tensor_parallel_size": 4},
+            },
+            {
+                "id": "fp8_kv_aiter_sparse_pa",
                 "env": AITER_SPARSE_PA,
                 "engine": {**FP8, "tensor_parallel_size": 4},
             },
@@ -227,7 +232,7 @@ def mi300x_stock(scenario_runner):
 
 
 def test_gfx942_fp8_kv_gets_an_fnuz_index_cache_on_vllms_triton_indexer(mi300x):
-    for scenario in ("fp8_kv", "fp8_both", "fp8_kv_aiter_set"):
+    for scenario in ("fp8_kv", "fp8_both", "fp8_kv_aiter_only"):
         result = mi300x[scenario]
         assert result["indexer_kv_dtype"] == "fp8", scenario
         assert result["indexer_impls"] == ["MiniMaxM3IndexerTritonImpl"], scenario
@@ -236,6 +241,14 @@ def test_gfx942_fp8_kv_gets_an_fnuz_index_cache_on_vllms_triton_indexer(mi300x):
         assert result["index_cache_dtypes"] == ["torch.float8_e4m3fnuz"], scenario
         assert result["index_writer"] == "OpsWithFnuzIndexWriter", scenario
         assert_uniform(result, fp8=E4M3FNUZ)
+
+
+def test_gfx942_beside_aiter_sparse_pa_is_refused_with_the_layout_fix(mi300x):
+    # There AITER's kernels, not the plugin's writer, would write the fnuz
+    # index cache, and nothing checks those bytes.
+    message = plugin_error(mi300x["fp8_kv_aiter_sparse_pa"])
+    assert "would be written by AITER's kernels" in message
+    assert "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0" in message
 
 
 def test_gfx942_mtp_drafter_builds_on_the_same_indexer(mi300x):
