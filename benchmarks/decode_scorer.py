@@ -1,67 +1,197 @@
-"""vLLM's MiniMax-M3 decode index scorer on this GPU: fp8 vs bf16 index cache.
+"""vLLM's MiniMax-M3 decode index scorer on this GPU: fp8 vs bf16 index cache,
+timed as serving runs it.
 
 Times ``minimax_m3_index_decode`` as vLLM's indexer module imports it on this
 platform (on ROCm ``models/minimax_m3/amd/ops/index_topk.py``), on a bf16 and
-an fp8 e4m3 index cache holding the same values, per batch and context length.
-vLLM's ROCm launch policy gives its tuned "balanced" score kernel to bf16 only
-(``_decode_score_program_budget``) and split-K to fp8, so on ROCm bf16 is also
-timed with the balanced kernel turned off, and fp8 with it offered to fp8 too:
-the ratios then tell the dtype and the kernel choice apart, and say whether
-extending vLLM's policy to fp8 would pay. Ratios come from one run on one GPU; without a GPU it
-says so and times nothing.
+an fp8 index cache holding the same values, in the fp8 type serving stores
+(e4m3fnuz on gfx942, e4m3fn elsewhere), per batch, context and query length
+(1, and 2 for MTP verification), one index head (TP 4 and 8).
 
-``python -m benchmarks.decode_scorer [--json] [--iters N]``
+What serving does, and so what is timed: the top-k buffer and, on ROCm, the
+completion counter are allocated once and passed in (as under CUDA graphs:
+no memset per step); each launch starts from a cold cache (a 512 MiB buffer
+is written between launches, past MI300X's and MI355X's 256 MiB Infinity Cache
+and H200's L2), so the index-K bytes each dtype reads come from HBM.
+
+vLLM's launch policy picks the scorer's configuration per dtype: on gfx950 a
+tuned "balanced" kernel for bf16 at 1-11 requests and a high-batch split at
+20-64, split-K for fp8. Each row therefore has two ratios: the dtypes at the
+same launch configuration (bf16 launched as vLLM launches fp8: the bytes
+alone), and each at its own (what serving runs today); where the policies
+differ, fp8 launched as vLLM launches bf16 too (would the tuned launches pay
+for fp8: ``VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE`` offers the balanced one).
+On gfx942 one more row times the plugin's fnuz writer kernel per sparse layer
+(one of its two extra launches; vLLM's cache-free fused call is the other).
+
+``--plan`` prints what would be timed, with vLLM's launch configuration for
+each arm, and checks it; it runs anywhere (no GPU). Ratios come from one run
+on one GPU.
+
+``python -m benchmarks.decode_scorer [--plan] [--quick] [--json] [--iters N]``
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import inspect
 import json
 import statistics
 import sys
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks._common import table
 
-BATCHES = (1, 8, 32)
-CONTEXTS = (8 * 1024, 64 * 1024)
+BATCHES = (1, 4, 8, 16, 32, 64)
+CONTEXTS = (8 * 1024, 64 * 1024, 128 * 1024)
+QUERY_SHAPES = ((1, 1), (2, 2))
+"""(query length, configured maximum): plain decode, MTP verification."""
+QUICK = {"batches": (1, 32), "contexts": (8 * 1024,), "query_shapes": QUERY_SHAPES}
 BLOCK = 128
 INDEX_DIM = 128
 TOPK = 16
+INDEX_HEADS = 1
+FLUSH_BYTES = 512 << 20
+LAST_LEVEL_CACHE_BYTES = 256 << 20
+"""The largest last-level cache among the GPUs served (MI300X, MI355X)."""
 NO_GPU = (
     "no GPU in this process: nothing timed (run it on the serving node, where "
-    "vLLM and its kernels are installed)"
+    "vLLM and its kernels are installed); --plan shows what it would time"
 )
 
 
-def _cache(batch: int, context: int, dtype: Any, device: str) -> tuple[Any, Any]:
+@dataclass(frozen=True)
+class Arm:
+    """One timed launch: the cache's dtype, and the dtype vLLM's launch
+    policy is asked about (the configuration it launches with)."""
+
+    name: str
+    dtype: str
+    launch_as: str
+    launch: str = ""
+    """vLLM's configuration for ``launch_as`` (``balanced x1024``, ...)."""
+
+
+@dataclass
+class Row:
+    batch: int
+    context: int
+    query_len: int
+    max_query_len: int
+    arms: list[Arm] = field(default_factory=list)
+    index_k_bytes: dict[str, int] = field(default_factory=dict)
+    """Index-K bytes one launch reads, per dtype."""
+
+
+def _platform() -> dict[str, Any]:
     import torch
+    from vllm.models.minimax_m3.common import indexer as vllm_indexer
+    from vllm.platforms import current_platform
 
-    from vllm_minimax_m3_kv.selftest import e4m3
+    from vllm_minimax_m3_kv.selftest import platform_fp8
 
-    blocks = context // BLOCK
-    generator = torch.Generator().manual_seed(0)
-    keys = torch.randn(batch * blocks, BLOCK, INDEX_DIM, generator=generator)
-    stored = e4m3(keys)
-    cache = (stored if dtype == torch.float8_e4m3fn else stored.to(dtype)).to(device)
-    table_ = torch.arange(batch * blocks, dtype=torch.int32).view(batch, blocks)
-    return cache, table_.to(device)
+    ops = sys.modules[vllm_indexer.minimax_m3_index_decode.__module__]
+    gfx950 = False
+    if current_platform.is_rocm():
+        from vllm.platforms.rocm import on_gfx950
+
+        gfx950 = on_gfx950()
+    return {
+        "ops": ops,
+        "decode": vllm_indexer.minimax_m3_index_decode,
+        "gfx950": gfx950,
+        "rocm": current_platform.is_rocm(),
+        "fnuz": platform_fp8().dtype == "float8_e4m3fnuz",
+        "dtypes": {"bf16": torch.bfloat16, "fp8": platform_fp8().torch_dtype},
+    }
+
+
+def launch_config(platform: dict[str, Any], batch: int, dtype: str) -> str:
+    """vLLM's decode-score launch for ``batch`` requests of ``dtype``, as its
+    own policy functions answer (ROCm); CUDA has one launch."""
+    ops = platform["ops"]
+    if not hasattr(ops, "_decode_score_program_budget"):
+        return "vLLM's CUDA launch"
+    torch_dtype = platform["dtypes"][dtype]
+    args = (batch, INDEX_DIM, torch_dtype, torch_dtype)
+    budget = ops._decode_score_program_budget(*args, is_gfx950=platform["gfx950"])
+    if budget is not None:
+        return f"balanced x{budget}"
+    chunks, high_batch = ops._decode_score_split_launch_policy(
+        *args, is_gfx950=platform["gfx950"]
+    )
+    return f"split-K x{chunks}" + (" high-batch" if high_batch else "")
+
+
+def plan(platform: dict[str, Any], quick: bool = False) -> list[Row]:
+    batches = QUICK["batches"] if quick else BATCHES
+    contexts = QUICK["contexts"] if quick else CONTEXTS
+    shapes = QUICK["query_shapes"] if quick else QUERY_SHAPES
+    rows = []
+    for batch in batches:
+        launch = {d: launch_config(platform, batch, d) for d in ("bf16", "fp8")}
+        for context in contexts:
+            for query_len, max_query_len in shapes:
+                row = Row(batch, context, query_len, max_query_len)
+                row.arms = [
+                    Arm("bf16", "bf16", "bf16", launch["bf16"]),
+                    Arm("fp8", "fp8", "fp8", launch["fp8"]),
+                ]
+                if launch["bf16"] != launch["fp8"]:
+                    row.arms += [
+                        Arm("bf16 at fp8's launch", "bf16", "fp8", launch["fp8"]),
+                        Arm("fp8 at bf16's launch", "fp8", "bf16", launch["bf16"]),
+                    ]
+                row.index_k_bytes = {
+                    dtype: batch * context * INDEX_DIM * size
+                    for dtype, size in (("bf16", 2), ("fp8", 1))
+                }
+                rows.append(row)
+    return rows
+
+
+def check_plan(platform: dict[str, Any], rows: list[Row]) -> list[str]:
+    """What a plan must hold to measure what serving runs; empty if it does."""
+    problems = []
+    fp8 = platform["dtypes"]["fp8"]
+    if platform["fnuz"] != (str(fp8) == "torch.float8_e4m3fnuz"):
+        problems.append(f"fp8 arm stores {fp8}, not the type serving stores")
+    if FLUSH_BYTES <= LAST_LEVEL_CACHE_BYTES:
+        problems.append("the flush does not exceed the last-level cache")
+    for row in rows:
+        arms = {arm.name: arm for arm in row.arms}
+        same = arms.get("bf16 at fp8's launch", arms["bf16"])
+        if same.launch != arms["fp8"].launch:
+            problems.append(f"batch {row.batch}: no same-launch bf16 arm")
+    if not any(row.query_len == 2 for row in rows):
+        problems.append("no MTP (query length 2) row")
+    return problems
 
 
 @contextlib.contextmanager
-def _balanced_off(ops: Any) -> Iterator[None]:
-    """vLLM's ROCm policy with the balanced kernel declined (split-K for all)."""
-    budget = getattr(ops, "_decode_score_program_budget", None)
-    if budget is None:
-        yield
-        return
-    ops._decode_score_program_budget = lambda *args, **kwargs: None
+def launch_as(ops: Any, dtype: Any) -> Iterator[None]:
+    """vLLM's ROCm launch policy asked about ``dtype`` whatever the cache's:
+    the kernel runs on the real dtypes with that dtype's configuration."""
+    names = ("_decode_score_program_budget", "_decode_score_split_launch_policy")
+    saved = {name: getattr(ops, name, None) for name in names}
+    for name, policy in saved.items():
+        if policy is None:
+            continue
+
+        def asked_as(num_reqs, head_dim, query_dtype, cache_dtype, *, policy=policy,
+                     **kwargs):  # fmt: skip
+            return policy(num_reqs, head_dim, dtype, dtype, **kwargs)
+
+        setattr(ops, name, asked_as)
     try:
         yield
     finally:
-        ops._decode_score_program_budget = budget
+        for name, policy in saved.items():
+            if policy is not None:
+                setattr(ops, name, policy)
 
 
 @contextlib.contextmanager
@@ -82,13 +212,15 @@ def _balanced_for_fp8(ops: Any) -> Iterator[None]:
         ops._decode_score_program_budget = budget
 
 
-def _time(run: Any, iters: int) -> float:
+def _time(run: Any, flush: Any, iters: int) -> float:
+    """Median microseconds of ``run``, each launch from a cold cache."""
     import torch
 
-    for _ in range(5):
+    for _ in range(3):
         run()
     samples = []
     for _ in range(iters):
+        flush.zero_()
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -99,85 +231,178 @@ def _time(run: Any, iters: int) -> float:
     return statistics.median(samples)
 
 
-def measure(iters: int) -> dict[str, Any]:
+def _inputs(row: Row, platform: dict[str, Any]) -> dict[str, Any]:
     import torch
-    from vllm.models.minimax_m3.common import indexer as vllm_indexer
 
-    decode = vllm_indexer.minimax_m3_index_decode
-    ops = sys.modules[decode.__module__]
-    rows = []
-    for batch in BATCHES:
-        for context in CONTEXTS:
-            timed: dict[str, float] = {}
-            query = torch.randn(batch, 1, INDEX_DIM, device="cuda")
-            lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-            for name, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
-                cache, block_table = _cache(batch, context, dtype, "cuda")
-                q = query.to(torch.float8_e4m3fn if dtype != torch.bfloat16 else dtype)
+    from vllm_minimax_m3_kv.selftest import E4M3FN, E4M3FNUZ, e4m3
 
-                def run(
-                    q: Any = q,
-                    cache: Any = cache,
-                    block_table: Any = block_table,
-                    lens: Any = lens,
-                    context: int = context,
-                ) -> None:
-                    decode(q, cache, block_table, lens, context, TOPK, 0, 1, 1, 1, 1)
+    fmt = E4M3FNUZ if platform["fnuz"] else E4M3FN
+    blocks = row.context // BLOCK
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    keys = torch.randn(row.batch * blocks, BLOCK, INDEX_DIM, generator=generator)
+    queries = torch.randn(row.batch * row.query_len, INDEX_HEADS, INDEX_DIM)
+    stored = {"fp8": (e4m3(keys, fmt), e4m3(queries, fmt))}
+    stored["bf16"] = tuple(value.to(torch.bfloat16) for value in stored["fp8"])
+    i32 = {"dtype": torch.int32, "device": "cuda"}
+    return {
+        "caches": {d: (k.cuda(), q.cuda()) for d, (k, q) in stored.items()},
+        "table": torch.arange(row.batch * blocks, **i32).view(row.batch, blocks),
+        "lens": torch.full((row.batch,), row.context, **i32),
+    }
 
-                timed[name] = _time(run, iters)
-                if not hasattr(ops, "_decode_score_program_budget"):
-                    continue
-                if name == "bf16":
-                    with _balanced_off(ops):
-                        timed["bf16_split_k"] = _time(run, iters)
-                else:
-                    with _balanced_for_fp8(ops):
-                        timed["fp8_balanced"] = _time(run, iters)
-            rows.append({"batch": batch, "context": context, "us": timed})
-    return {"gpu": torch.cuda.get_device_name(), "iters": iters, "rows": rows}
+
+def measure(iters: int, quick: bool) -> dict[str, Any]:
+    import torch
+
+    platform = _platform()
+    decode, ops = platform["decode"], platform["ops"]
+    takes_counter = "completion_counter" in inspect.signature(decode).parameters
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    rows = plan(platform, quick)
+    report_rows = []
+    for row in rows:
+        data = _inputs(row, platform)
+        total_q = row.batch * row.query_len
+        out = torch.empty(INDEX_HEADS, total_q, TOPK, dtype=torch.int32, device="cuda")
+        extra = {"out": out}
+        if takes_counter:
+            extra["completion_counter"] = torch.zeros(
+                INDEX_HEADS, total_q, dtype=torch.int32, device="cuda"
+            )
+        timed = {}
+        for arm in row.arms:
+            cache, query = data["caches"][arm.dtype]
+
+            run = functools.partial(
+                decode, query, cache, data["table"], data["lens"], row.context,
+                TOPK, 0, 1, INDEX_HEADS, row.query_len, row.max_query_len, **extra,
+            )  # fmt: skip
+            with launch_as(ops, platform["dtypes"][arm.launch_as]):
+                timed[arm.name] = _time(run, flush, iters)
+        report_rows.append({**asdict(row), "us": timed})
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "fp8": str(platform["dtypes"]["fp8"]),
+        "iters": iters,
+        "rows": report_rows,
+    }
+    if platform["fnuz"]:
+        report["writer"] = _time_writer(flush, iters)
+    return report
+
+
+def _time_writer(flush: Any, iters: int) -> list[dict[str, Any]]:
+    """The plugin's fnuz writer kernel for one sparse layer and step."""
+    import torch
+
+    from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fnuz_index_writer import (
+        FNUZ,
+        clamp_cast_index,
+        fnuz_max,
+    )
+
+    timings = []
+    for tokens in (1, 32, 64, 8192):
+        key = torch.randn(tokens, INDEX_DIM, device="cuda", dtype=torch.bfloat16)
+        query = torch.randn(tokens, INDEX_DIM, device="cuda", dtype=torch.bfloat16)
+        cache = torch.empty(tokens // BLOCK + 1, BLOCK, INDEX_DIM, dtype=FNUZ,
+                            device="cuda")  # fmt: skip
+        query_out = torch.empty(tokens, INDEX_DIM, dtype=FNUZ, device="cuda")
+        slots = torch.arange(tokens, device="cuda")
+
+        def run(key=key, query=query, cache=cache, query_out=query_out, slots=slots):
+            clamp_cast_index(key, query, cache, query_out, slots, fnuz_max())
+
+        timings.append({"tokens": tokens, "us": _time(run, flush, iters)})
+    return timings
+
+
+def render_plan(platform: dict[str, Any], rows: list[Row]) -> str:
+    body = [
+        [
+            row.batch,
+            f"{row.context:,}",
+            f"{row.query_len} of {row.max_query_len}",
+            "; ".join(f"{arm.name}: {arm.launch}" for arm in row.arms),
+        ]
+        for row in rows
+    ]
+    head = (
+        f"Would time vLLM's decode index scorer, bf16 vs "
+        f"{str(platform['dtypes']['fp8']).removeprefix('torch.')}, one index head, "
+        f"{FLUSH_BYTES >> 20} MiB written between launches, no per-step memset"
+    )
+    if platform["fnuz"]:
+        head += "; plus the plugin's fnuz writer kernel per sparse layer"
+    return "\n\n".join(
+        [head, table(["batch", "context", "query", "arms (launch)"], body)]
+    )
 
 
 def render(report: dict[str, Any]) -> str:
-    split = any("bf16_split_k" in row["us"] for row in report["rows"])
-    headers = ["batch", "context", "bf16 us", "fp8 us", "fp8 / bf16"]
-    if split:
-        headers += ["bf16 split-K us", "fp8 / bf16 split-K", "fp8 balanced us"]
+    headers = ["batch", "context", "query", "bf16 us", "fp8 us", "fp8 / bf16",
+               "same launch: fp8 / bf16", "fp8 at bf16's launch / bf16"]  # fmt: skip
     body = []
     for row in report["rows"]:
         us = row["us"]
-        line = [
-            row["batch"],
-            f"{row['context']:,}",
-            f"{us['bf16']:.1f}",
-            f"{us['fp8']:.1f}",
-            f"{us['fp8'] / us['bf16']:.2f}x",
-        ]
-        if split:
-            line += [
-                f"{us['bf16_split_k']:.1f}",
-                f"{us['fp8'] / us['bf16_split_k']:.2f}x",
+        same = us.get("bf16 at fp8's launch", us["bf16"])
+        tuned = us.get("fp8 at bf16's launch")
+        body.append(
+            [
+                row["batch"],
+                f"{row['context']:,}",
+                f"{row['query_len']} of {row['max_query_len']}",
+                f"{us['bf16']:.1f}",
+                f"{us['fp8']:.1f}",
+                f"{us['fp8'] / us['bf16']:.2f}x",
+                f"{us['fp8'] / same:.2f}x",
+                f"{tuned / us['bf16']:.2f}x" if tuned else "same launch",
             ]
-        body.append(line)
-    return "\n\n".join(
-        [
-            f"vLLM's decode index scorer on {report['gpu']}, median of "
-            f"{report['iters']} launches, one index head",
-            table(headers, body),
-        ]
-    )
+        )
+    parts = [
+        f"vLLM's decode index scorer on {report['gpu']}, bf16 vs {report['fp8']}, "
+        f"median of {report['iters']} launches from a cold cache, one index head",
+        table(headers, body),
+    ]
+    if "writer" in report:
+        parts.append(
+            "The plugin's fnuz writer kernel, one sparse layer and step: "
+            + ", ".join(
+                f"{w['tokens']} tokens {w['us']:.1f} us" for w in report["writer"]
+            )
+        )
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", action="store_true", help="print and check the plan")
+    parser.add_argument("--quick", action="store_true", help="two batches, one context")
     parser.add_argument("--json", action="store_true", help="print JSON instead")
-    parser.add_argument("--iters", type=int, default=50, help="timed launches per row")
+    parser.add_argument("--iters", type=int, default=50, help="timed launches per arm")
     options = parser.parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
-        print(json.dumps({"gpu": None, "note": NO_GPU}) if options.json else NO_GPU)
-        return 0
-    report = measure(options.iters)
+    if options.plan or not torch.cuda.is_available():
+        platform = _platform()
+        rows = plan(platform, options.quick)
+        problems = check_plan(platform, rows)
+        if options.json:
+            print(json.dumps({
+                "gpu": None if not torch.cuda.is_available() else "present",
+                "fp8": str(platform["dtypes"]["fp8"]),
+                "writer_row": platform["fnuz"],
+                "rows": [asdict(row) for row in rows],
+                "problems": problems,
+                **({} if options.plan else {"note": NO_GPU}),
+            }))  # fmt: skip
+        else:
+            if not options.plan:
+                print(NO_GPU)
+            print(render_plan(platform, rows))
+            print("\n".join(problems) or "plan checked")
+        return 1 if problems else 0
+    report = measure(options.iters, options.quick)
     print(json.dumps(report, indent=1) if options.json else render(report))
     return 0
 
