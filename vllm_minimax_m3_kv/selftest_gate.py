@@ -12,7 +12,7 @@ device and the model's default dtype (``model_loader/base_loader.py``), so:
   bare traceback from a worker;
 * a passed verdict is cached per node, keyed by what would change it (host,
   GPU architecture, runtime and driver, torch, Triton, vLLM and plugin
-  versions, fp8 type), under vLLM's cache root: later starts read it instead
+  versions, fp8 type, the scorers' module), under vLLM's cache root: later starts read it instead
   of running the kernels again. A failed verdict is never cached.
 """
 
@@ -35,6 +35,7 @@ from vllm_minimax_m3_kv.selftest import (
     kernel_device,
     platform_fp8,
     run_selftest,
+    scorer_module,
     verdict_line,
 )
 from vllm_minimax_m3_kv.selftest_writer import check_writer
@@ -75,6 +76,7 @@ def node_key(device: str) -> dict[str, str]:
         "vllm": installed_version("vllm") or "none",
         "plugin": plugin_version(),
         "fp8": platform_fp8().dtype,
+        "scorers": scorer_module().__name__,
     }
 
 

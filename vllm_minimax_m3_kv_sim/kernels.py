@@ -52,8 +52,17 @@ def prepare_triton(hardware: str = HARDWARE) -> str:
     for name, value in kernel_env().items():
         if os.environ.get(name) != value:
             raise RuntimeError(f"start this process with {name}={value!r}")
-    # The autotuner benchmarks its configs through a GPU driver; under the
-    # interpreter there is none, and which config wins only changes speed.
+    pin_first_autotune_config()
+    _make_interpreter_dot_read_bf16()
+    from vllm_minimax_m3_kv_sim.hardware import simulate
+
+    simulate(hardware)
+    return "cpu"
+
+
+def pin_first_autotune_config() -> None:
+    """The autotuner benchmarks its configs through a GPU driver; under the
+    interpreter there is none, and which config wins only changes speed."""
     from triton.runtime import autotuner
 
     choose = autotuner.Autotuner.prune_configs
@@ -62,11 +71,6 @@ def prepare_triton(hardware: str = HARDWARE) -> str:
         return choose(self, kwargs, *args, **more)[:1]
 
     autotuner.Autotuner.prune_configs = first_config
-    _make_interpreter_dot_read_bf16()
-    from vllm_minimax_m3_kv_sim.hardware import simulate
-
-    simulate(hardware)
-    return "cpu"
 
 
 BF16_DOT_ISSUE = "triton-lang/triton#11584"

@@ -1,0 +1,93 @@
+"""The device check, without a GPU, and the records it brings back from one.
+
+The check (``vllm_minimax_m3_kv_sim/programs/device_check.py``) runs on the
+lent GPU machine, where torch and Triton are and vLLM is not, from the bundle
+``vllm_minimax_m3_kv_sim/device_bundle.py`` builds (vLLM's kernel sources,
+carried verbatim, under a stand-in ``vllm`` package). Here it runs the same
+way, vLLM shadowed by the bundle, with Triton's interpreter and ``meta``
+standing for the GPU; its record is then replayed through the real vLLM.
+Records from real GPUs live in ``tests/data/device_records/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_minimax_m3_kv_sim import REPO
+from vllm_minimax_m3_kv_sim.device_bundle import build
+from vllm_minimax_m3_kv_sim.kernels import kernel_env
+from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
+
+RECORDS = sorted((REPO / "tests" / "data" / "device_records").glob("*.pt"))
+
+
+def _replay(record: Path, hardware: str) -> list[str]:
+    out = json_from_out_file(
+        ["-m", "tests.kernels.rocm_fp8_scorers", "--hardware", hardware,
+         "--replay", str(record)],
+        {**kernel_env(), "VLLM_MINIMAX_M3_KV_SKIP_SELFTEST": "1"},
+        timeout=1200,
+    )  # fmt: skip
+    return out["replay_differs"]
+
+
+@pytest.fixture(scope="module")
+def device_check(tmp_path_factory) -> dict:
+    bundle = tmp_path_factory.mktemp("bundle")
+    out = tmp_path_factory.mktemp("device_out")
+    build(bundle)
+    # Only what the device machine has: no vLLM on the path but the bundle's.
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": f"{bundle}{os.pathsep}{REPO}",
+        "TRITON_INTERPRET": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_minimax_m3_kv_sim.programs.device_check",
+         "--cpu", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=1200, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "device_check.json").read_text())
+    report["record_path"] = str(out / "selftest_record.pt")
+    return report
+
+
+def test_the_device_check_runs_on_the_bundle_alone(device_check):
+    assert device_check["vllm_is_stand_in"]
+    carried = device_check["bundle"]["carried"]
+    assert "models/minimax_m3/common/ops/index_topk.py" in carried
+
+
+def test_the_selftest_passes_inside_a_model_build_context_then_reads_its_verdict(
+    device_check,
+):
+    first, second = device_check["start_safety"]["asks"]
+    assert first["passed"] and first["cached"] is None, first
+    assert second["passed"] and second["cached"], second
+    # A kept verdict costs a file read, not the kernels.
+    assert second["seconds"] < first["seconds"] / 100
+    safety = device_check["start_safety"]
+    assert safety["autotune_after"] == safety["autotune_before"]
+
+
+def test_the_device_checks_record_replays_bit_for_bit_through_vllm(device_check):
+    # Recorded with the carried sources; replayed with the installed vLLM's
+    # CUDA scorers (simulated H200), which must be the same code.
+    assert _replay(Path(device_check["record_path"]), "h200") == []
+
+
+@pytest.mark.parametrize(
+    "record",
+    RECORDS or [pytest.param(None, marks=pytest.mark.skip(reason="no GPU record yet"))],
+    ids=[r.stem for r in RECORDS] or ["none"],
+)
+def test_every_gpu_record_replays_bit_for_bit_on_cpu(record):
+    assert _replay(record, "h200") == []

@@ -1,0 +1,134 @@
+"""The device check: what only a GPU can show, in one command under ten minutes.
+
+On the lent GPU machine (torch and Triton, no vLLM), with the bundle from
+``vllm_minimax_m3_kv_sim.device_bundle`` first on the path::
+
+    PYTHONPATH=device_bundle:. python -m vllm_minimax_m3_kv_sim.programs.device_check --out "$OUT"
+
+1. **Start safety, natively.** The node self-test's gate verdict
+   (``selftest_gate.node_verdict``) asked inside the context vLLM's model
+   build sets: ``torch.device("cuda")`` default device, bf16 default dtype. It
+   must pass, leave the scorers' autotuner caches as it found them, and keep
+   its verdict; a second ask reads the kept verdict. Both are timed: the start
+   cost with and without a cached verdict.
+2. **The replay file**: the self-test's inputs, bytes, scores and top-k on
+   this GPU, which ``tests/kernels/test_device_records.py`` replays bit for
+   bit on a CPU under Triton's interpreter once it is committed under
+   ``tests/data/device_records/``.
+3. **Decode cost**: ``benchmarks.decode_scorer`` on this GPU (vLLM's CUDA
+   Triton scorers, bf16 vs fp8, cold cache, the plan it prints with ``--plan``).
+
+Writes ``device_check.json`` and ``selftest_record.pt`` into ``--out``.
+``--cpu`` runs steps 1 and 2 on a CPU under Triton's interpreter, ``meta``
+standing for the GPU (how the tests check this program without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _stand_in_vllm() -> bool:
+    import vllm
+
+    return bool(getattr(vllm, "STAND_IN", False))
+
+
+def _autotune_state() -> dict[str, int]:
+    from vllm_minimax_m3_kv.selftest import _autotuners, scorer_module
+
+    return {t.base_fn.__name__: len(t.cache) for t in _autotuners(scorer_module())}
+
+
+def start_safety(device: str) -> dict[str, Any]:
+    """The gate's verdict from a model-build context, cold then cached."""
+    import torch
+
+    from vllm_minimax_m3_kv import selftest_gate
+    from vllm_minimax_m3_kv.selftest import verdict_line
+
+    asks = []
+    before = _autotune_state()
+    for _ in range(2):
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        start = time.perf_counter()
+        try:
+            with torch.device(device):
+                result = selftest_gate.node_verdict()
+        finally:
+            torch.set_default_dtype(default_dtype)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        asks.append(
+            {
+                "seconds": time.perf_counter() - start,
+                "passed": result.passed,
+                "cached": result.record.get("cached"),
+                "line": verdict_line(result),
+                "failures": result.failures[:5],
+            }
+        )
+        if not asks[0]["passed"]:
+            break
+        if len(asks) == 1:
+            record = result.record
+    return {
+        "asks": asks,
+        "autotune_before": before,
+        "autotune_after": _autotune_state(),
+        "record": record if asks[0]["passed"] else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cpu", action="store_true", help="interpreter, meta device")
+    parser.add_argument("--iters", type=int, default=50)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(args.out / "vllm_cache"))
+    if args.cpu:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("--cpu needs TRITON_INTERPRET=1 in the environment")
+        from vllm_minimax_m3_kv_sim.kernels import pin_first_autotune_config
+
+        pin_first_autotune_config()
+    import torch
+    import triton
+
+    from vllm_minimax_m3_kv.entrypoints.selftest import save_record
+
+    device = "meta" if args.cpu else "cuda"
+    report: dict[str, Any] = {
+        "gpu": None if args.cpu else torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "vllm_is_stand_in": _stand_in_vllm(),
+    }
+    bundle = Path(sys.modules["vllm"].__file__).parents[1] / "manifest.json"
+    if bundle.is_file():
+        report["bundle"] = json.loads(bundle.read_text(encoding="utf-8"))
+    safety = start_safety(device)
+    record = safety.pop("record")
+    report["start_safety"] = safety
+    if record is not None:
+        save_record(record, args.out / "selftest_record.pt")
+    if not args.cpu:
+        from benchmarks.decode_scorer import measure
+
+        report["decode_scorer"] = measure(args.iters, quick=False)
+    (args.out / "device_check.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report["start_safety"]["asks"], indent=1))
+    return 0 if safety["asks"][0]["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
