@@ -11,7 +11,8 @@
 #
 # KV_PRECISION picks the KV pool per workload:
 #   stock   today's public recipe for this GPU, verbatim, with this plugin off
-#           (the compare reference)
+#           (the compare reference; on MI355X its AITER setting for the workload,
+#           as fp8 takes it)
 #   fp8     (default) the B300 recipe: fp8 KV cache and fp8 indexer, one precision;
 #           on MI355X with the public recipe's AITER setting for the workload
 #           (sparse PA only from ISL 8192 and CONC 64: the AITER MSA indexer;
@@ -142,7 +143,12 @@ set_on_your_behalf() {
     echo "  VLLM_PLUGINS=<every installed general plugin but this one>  (KV_PRECISION=stock)"
     local name
     for name in "${TARGET_STOCK_UNSET[@]}"; do
-        echo "  ${name} unset  (KV_PRECISION=stock)"
+        if [[ "$AITER_SPARSE_PA_BY_WORKLOAD" == true ]]; then
+            echo "  ${name} unset  (KV_PRECISION=stock below ISL=${AITER_SPARSE_PA_MIN_ISL}" \
+                "or CONC=${AITER_SPARSE_PA_MIN_CONC}; from there =1, as the public recipe)"
+        else
+            echo "  ${name} unset  (KV_PRECISION=stock)"
+        fi
     done
     if [[ "$COPY_ROCR_TO_HIP" == true ]]; then
         echo "  HIP_VISIBLE_DEVICES=\$ROCR_VISIBLE_DEVICES  (when ROCR_VISIBLE_DEVICES is set)"
@@ -233,11 +239,18 @@ precision_choice() {
         EXPECTED_POOL_LINE="$MIXED_LINE"
         ;;
     stock)
-        # The public recipe as published: its precision flags, none of the
-        # variables it does not set, and this plugin not loaded.
+        # The public recipe as published: its precision flags, its AITER
+        # setting for this workload (as the fp8 pool takes it, so the two
+        # differ in the KV pool alone), and this plugin not loaded.
         PRECISION_FLAGS=("${TARGET_STOCK_FLAGS[@]}")
         PRECISION_ENV=("VLLM_PLUGINS=$(plugins_without_this_one)")
         PRECISION_NOTE="stock: today's public ${TARGET} recipe (${TARGET_STOCK_SOURCE}), vllm-minimax-m3-kv off"
+        if [[ "$AITER_SPARSE_PA_BY_WORKLOAD" == true ]] && aiter_sparse_pa_pays; then
+            PRECISION_ENV+=("${TARGET_FP8_ENV[@]}")
+            PRECISION_NOTE+="; AITER sparse PA on as the public recipe for ISL=${ISL} CONC=${CONC}"
+        else
+            PRECISION_UNSET=("${TARGET_STOCK_UNSET[@]}")
+        fi
         EXPECTED_POOL_LINE=""
         ;;
     *)
@@ -361,10 +374,14 @@ capacity_vs_public_recipe() {
     # recipe (KV_PRECISION=stock): check's bytes per token for each, from
     # one --json run of each.
     [[ "$KV_PRECISION" != stock ]] || return 0
-    local ours recipe unset_args=() name
+    local ours recipe recipe_env=() name
     ours=$("${CHECK_CMD[@]}" --json 2>/dev/null) || true
-    for name in "${TARGET_STOCK_UNSET[@]}"; do unset_args+=(-u "$name"); done
-    recipe=$(env "${unset_args[@]}" VLLM_PLUGINS="$(plugins_without_this_one)" \
+    if [[ "$AITER_SPARSE_PA_BY_WORKLOAD" == true ]] && aiter_sparse_pa_pays; then
+        recipe_env=("${TARGET_FP8_ENV[@]}")
+    else
+        for name in "${TARGET_STOCK_UNSET[@]}"; do recipe_env+=(-u "$name"); done
+    fi
+    recipe=$(env "${recipe_env[@]}" VLLM_PLUGINS="$(plugins_without_this_one)" \
         "${RECIPE_CHECK_CMD[@]}" --json 2>/dev/null) || true
     python3 - "$ours" "$recipe" "$TARGET" <<'PY'
 import json, sys
@@ -383,9 +400,6 @@ PY
 
 export_target_env() {
     local pair name
-    if [[ "$KV_PRECISION" == stock ]]; then
-        PRECISION_UNSET=("${TARGET_STOCK_UNSET[@]}")
-    fi
     for name in "${PRECISION_UNSET[@]}"; do
         if [[ -n "${!name+set}" ]]; then
             echo "note: ${name}=${!name} from your environment is unset for" \

@@ -50,6 +50,42 @@ def sections(out: str) -> dict[str, str]:
     return {part.split(" ", 1)[0]: part for part in parts}
 
 
+AITER_VARIABLES = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT")
+
+
+def _aiter_environment(section: str) -> list[str]:
+    """The AITER variables a pool's server is given, from its environment block."""
+    block = section.split("environment\n", 1)[1].split("== serve", 1)[0]
+    return sorted(
+        line.strip() for line in block.splitlines()
+        if line.strip().startswith(AITER_VARIABLES)
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("isl", "conc", "aiter"),
+    [
+        # The public recipe's short-context regime: AITER unset in both pools.
+        ("1024", "4", []),
+        # Its long-context regime, where it turns AITER sparse PA on: in both.
+        ("8192", "64", [f"{name}=1" for name in sorted(AITER_VARIABLES)]),
+    ],
+)
+def test_the_pools_differ_in_precision_alone_at_every_workload(
+    tmp_path, isl, conc, aiter
+):
+    values = inputs(
+        tmp_path, KV_PRECISION="compare", ISL=isl, CONC=conc, MAX_MODEL_LEN="16384",
+        **NO_PREFLIGHT,
+    )  # fmt: skip
+    proc = run_script(MI355X, values, "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = sections(proc.stdout)
+    assert list(runs) == ["stock", "fp8"]
+    assert _aiter_environment(runs["stock"]) == aiter
+    assert _aiter_environment(runs["fp8"]) == aiter
+
+
 @pytest.mark.parametrize(
     ("script", "rocm"), [(MI355X, True), ("minimaxm3_fp8_b300.sh", False)]
 )

@@ -487,7 +487,8 @@ def test_help_says_what_the_script_sets_on_your_behalf():
         "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0  (KV_PRECISION=bf16 or mixed; replaces",
         "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1  (KV_PRECISION=mixed)",
         "VLLM_PLUGINS=<every installed general plugin but this one>  (KV_PRECISION=stock)",
-        "VLLM_ROCM_USE_AITER unset  (KV_PRECISION=stock)",
+        "VLLM_ROCM_USE_AITER unset  (KV_PRECISION=stock below ISL=8192 or CONC=64; "
+        "from there =1, as the public recipe)",
         "HIP_VISIBLE_DEVICES=$ROCR_VISIBLE_DEVICES  (when ROCR_VISIBLE_DEVICES is set)",
     ):
         assert line in behalf, behalf
