@@ -317,3 +317,23 @@ def test_vllm_serve_prints_each_fix_as_the_whole_command_too():
         if result["exit"] not in (0, 3)
     ]
     assert refused == []
+
+
+def test_a_fix_inside_a_json_config_writes_json_values():
+    # vLLM reads the JSON's values as typed: "false" would be a string.
+    argv = [
+        "--attention-config",
+        '{"minimax_m3_indexer_cp": true, "indexer_kv_dtype": "bf16"}',
+    ]
+    fix = {
+        "flags": [
+            ["--attention-config.minimax_m3_indexer_cp", "false"],
+            ["--attention-config.indexer_kv_dtype", "fp8"],
+        ]
+    }
+    fixed = apply_fix(argv, fix)
+    assert fixed[0] == "--attention-config"
+    assert json.loads(fixed[1]) == {
+        "minimax_m3_indexer_cp": False,
+        "indexer_kv_dtype": "fp8",
+    }

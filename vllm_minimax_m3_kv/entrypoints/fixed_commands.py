@@ -72,6 +72,15 @@ def _drop(
     return out, where
 
 
+def _json_value(value: str) -> Any:
+    """A flag's value as JSON holds it: ``false`` a boolean, ``2`` a number,
+    anything else (``fp8``) a string."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 def _set_in_json(words: list[str], group: str, field: str, value: str) -> bool:
     """Set ``field`` in the JSON value of ``group`` if the command gives one."""
     for index, word in enumerate(words):
@@ -86,7 +95,7 @@ def _set_in_json(words: list[str], group: str, field: str, value: str) -> bool:
             return False
         if not isinstance(config, dict):
             return False
-        config[field] = value
+        config[field] = _json_value(value)
         edited = json.dumps(config, separators=(",", ":"))
         if inline:
             words[index] = f"{word.split('=', 1)[0]}={edited}"
