@@ -108,24 +108,37 @@ def _sdist_address() -> str:
 
 def source_release() -> Path:
     """vLLM's v0.33.0 source archive, fetched once into ``CACHE``."""
+    from filelock import FileLock
+
     archive = CACHE / SDIST
     if archive.is_file() and _sha256(archive) == SDIST_SHA256:
         return archive
     CACHE.mkdir(parents=True, exist_ok=True)
-    partial = archive.with_suffix(".part")
-    urllib.request.urlretrieve(_sdist_address(), partial)
-    if (digest := _sha256(partial)) != SDIST_SHA256:
-        partial.unlink()
-        raise RuntimeError(f"{SDIST}: sha256 {digest}, expected {SDIST_SHA256}")
-    partial.replace(archive)
+    # Both xdist workers may ask at once on a fresh machine: one fetches.
+    with FileLock(f"{archive}.lock"):
+        if archive.is_file() and _sha256(archive) == SDIST_SHA256:
+            return archive
+        partial = archive.with_suffix(f".part-{os.getpid()}")
+        urllib.request.urlretrieve(_sdist_address(), partial)
+        if (digest := _sha256(partial)) != SDIST_SHA256:
+            partial.unlink()
+            raise RuntimeError(f"{SDIST}: sha256 {digest}, expected {SDIST_SHA256}")
+        partial.replace(archive)
     return archive
 
 
 def tool(name: str, version: str) -> Path:
     """A pinned tool's executable, installed once into ``CACHE``."""
+    from filelock import FileLock
+
     target = CACHE / f"{name}-{version}"
     executable = target / "bin" / name
-    if not executable.is_file():
+    if executable.is_file():
+        return executable
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{target}.lock"):  # one install, whoever asks first
+        if executable.is_file():
+            return executable
         subprocess.run(
             [
                 sys.executable,
