@@ -253,6 +253,7 @@ def build_model(
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.models.utils import init_vllm_registered_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
     from vllm.v1.kv_cache_interface import AttentionSpec
     from vllm.v1.worker.utils import customize_attention_spec
 
@@ -263,7 +264,10 @@ def build_model(
     if pp_rank is not None:
         vllm_config = copy.deepcopy(vllm_config)
     stages = vllm_config.parallel_config.pipeline_parallel_size
-    with set_current_vllm_config(vllm_config):
+    # As vLLM's loader builds it (model_loader/base_loader.py): the model's
+    # dtype as the default, the device ("meta" standing for the GPU) too.
+    loader_dtype = set_default_torch_dtype(vllm_config.model_config.dtype)
+    with set_current_vllm_config(vllm_config), loader_dtype:
         _init_distributed(vllm_config.parallel_config.tensor_parallel_size)
         with torch.device("meta"), _pipeline_rank(pp_rank, stages):
             if is_minimax_m3(vllm_config.model_config):
@@ -300,7 +304,11 @@ def build_model(
                 ),
             )
         draft_hf = speculative.draft_model_config.hf_config
-        with set_current_vllm_config(draft_config), torch.device("meta"):
+        with (
+            set_current_vllm_config(draft_config),
+            set_default_torch_dtype(draft_config.model_config.dtype),
+            torch.device("meta"),
+        ):
             draft = init_vllm_registered_model(
                 vllm_config=draft_config,
                 hf_config=draft_hf,
