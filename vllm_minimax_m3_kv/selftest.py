@@ -10,11 +10,17 @@ stores them (clamped to vLLM's range, one rounding: e4m3fn +-448 on gfx950,
 e4m3fnuz +-224 on gfx942). Judged against fp64 on the same bytes, nothing
 relative:
 
-* prefill scores within one fp32 ulp of the fp64 reference (fp32 sums of
-  e4m3 products are exact for almost every row);
+* prefill scores within ``2**-SCORE_BOUND_BITS`` of sum_i |q_i k_i| (the
+  block's largest over its visible keys) of the fp64 reference. Matrix
+  units add the exact e4m3 products with fewer bits than fp32: Hopper's fp8
+  MMA keeps about 14, and an H200 was off by up to 0.097 (over 1,000 fp32
+  ulps) where fp32 sums are exact (docs/what-ran-where.md). A wrong fp8
+  flavour (a factor of two), a misread byte or a stale slot misses the bound
+  by far;
 * every top-k, prefill and both decode paths, the blocks the fp64 scores
   select under vLLM's rule (the query's own last block forced in, then the
-  best scores), ties within one ulp of the cut aside;
+  best scores), blocks whose scores are within their bounds of the cut
+  aside;
 * every planted block selected.
 
 It runs in a context of its own: vLLM calls it inside its model build (a GPU
@@ -60,6 +66,10 @@ WRITER_NOT_RUN_ON_CPU = (
 )
 HOST = "cpu"
 """Where inputs are made and judged; the kernels run on the device."""
+SCORE_BOUND_BITS = 8
+"""A score may be off fp64 by ``2**-SCORE_BOUND_BITS`` of sum_i |q_i k_i|:
+bf16's unit roundoff, loose enough for any matrix unit that accumulates with
+bf16's precision or better, tight next to the defects the test is for."""
 
 
 @dataclass(frozen=True)
@@ -253,25 +263,33 @@ def run_scorers(
     return outputs
 
 
-def _block_scores(case: Case, keys: Any, queries: Any, positions: list[int]) -> Any:
+def _block_scores(
+    case: Case, keys: Any, queries: Any, positions: list[int]
+) -> tuple[Any, Any]:
     """fp64 scores, ``[queries, blocks]``: per query, the max over each
-    block's causally visible keys of q.k (-inf where none is visible)."""
+    block's causally visible keys of q.k (-inf where none is visible); and
+    each score's bound: ``2**-SCORE_BOUND_BITS`` of the block's largest
+    sum_i |q_i k_i| over the same keys (0 where none is visible)."""
     import torch
 
     k = keys.double().view(case.blocks, SPARSE_BLOCK, case.index_dim)
     dots = torch.einsum("qd,bpd->qbp", queries.double(), k)
+    magnitudes = torch.einsum("qd,bpd->qbp", queries.double().abs(), k.abs())
     token = torch.arange(case.blocks * SPARSE_BLOCK, device=HOST)
     query_pos = torch.tensor(positions, device=HOST)
     visible = token.view(case.blocks, SPARSE_BLOCK)[None] <= query_pos[:, None, None]
-    return dots.masked_fill(~visible, -math.inf).amax(-1)
+    scores = dots.masked_fill(~visible, -math.inf).amax(-1)
+    bounds = magnitudes.masked_fill(~visible, 0.0).amax(-1) * 2.0**-SCORE_BOUND_BITS
+    return scores, bounds
 
 
-def reference_scores(case: Case, keys: Any, prefill_q: Any) -> Any:
-    """fp64 prefill scores on the stored values, shaped as the kernel's."""
+def reference_scores(case: Case, keys: Any, prefill_q: Any) -> tuple[Any, Any]:
+    """fp64 prefill scores on the stored values and their bounds, shaped as
+    the kernel's scores."""
     positions = case.query_positions("prefill_topk")
-    return _block_scores(case, keys, prefill_q, positions).view(
-        1, case.prefill_queries, case.blocks
-    )
+    shape = (1, case.prefill_queries, case.blocks)
+    scores, bounds = _block_scores(case, keys, prefill_q, positions)
+    return scores.view(shape), bounds.view(shape)
 
 
 @dataclass(frozen=True)
@@ -280,17 +298,20 @@ class Selection:
 
     blocks: frozenset[int]
     tied: frozenset[int] = frozenset()
-    """Blocks within one fp32 ulp of the cut: a kernel may pick any of them."""
+    """Blocks within their bounds of the cut: a kernel may pick any of them."""
 
     def admits(self, picked: set[int]) -> bool:
         return len(picked) == len(self.blocks) and (picked ^ self.blocks) <= self.tied
 
 
-def reference_selection(case: Case, scores: list[float], position: int) -> Selection:
+def reference_selection(
+    case: Case, scores: list[float], bounds: list[float], position: int
+) -> Selection:
     """vLLM's selection rule (``_topk_index_kernel``,
     ``_decode_index_score_kernel``): of the blocks visible at ``position``,
     the first ``init_blocks`` and last ``local_blocks`` always, then the best
-    scores up to ``topk``."""
+    scores up to ``topk``. Blocks whose scores may cross the cut's within
+    both bounds are ties."""
     visible = position // SPARSE_BLOCK + 1
     forced = set(range(max(0, visible - case.local_blocks), visible))
     forced |= set(range(min(case.init_blocks, visible)))
@@ -299,25 +320,13 @@ def reference_selection(case: Case, scores: list[float], position: int) -> Selec
     chosen, rest = ranked[:room], ranked[room:]
     if not chosen or not rest:
         return Selection(frozenset(forced | set(chosen)))
-    cut = scores[chosen[-1]]
-    ulp = float(_ulp_of(cut))
-    tied = {b for b in ranked if abs(scores[b] - cut) <= ulp}
-    if abs(scores[rest[0]] - cut) > ulp:
-        tied = set()
+    last = chosen[-1]
+
+    def near_cut(block: int) -> bool:
+        return abs(scores[block] - scores[last]) <= bounds[block] + bounds[last]
+
+    tied = {b for b in ranked if near_cut(b)} if near_cut(rest[0]) else set()
     return Selection(frozenset(forced | set(chosen)), frozenset(tied))
-
-
-def _ulp(values: Any) -> Any:
-    import torch
-
-    finite = values.float().abs().clamp_min(torch.finfo(torch.float32).tiny)
-    return torch.nextafter(finite, torch.full_like(finite, math.inf)) - finite
-
-
-def _ulp_of(value: float) -> float:
-    import torch
-
-    return float(_ulp(torch.tensor([value], dtype=torch.float64, device=HOST))[0])
 
 
 def _selected(topk_row: Any) -> set[int]:
@@ -328,38 +337,42 @@ TOPK_OUTPUTS = ("prefill_topk", "decode_topk_q1", "decode_topk_q2")
 
 
 def references(case: Case, stored: dict[str, Any]) -> dict[str, Any]:
-    """fp64 references on the stored values: prefill scores, and for every
-    top-k output the selection per query row."""
+    """fp64 references on the stored values: prefill scores and their
+    bounds, and for every top-k output the selection per query row."""
     keys = stored["keys"].float()
-    refs: dict[str, Any] = {
-        "prefill_score": reference_scores(case, keys, stored["prefill_q"].float())
-    }
+    scores, bounds = reference_scores(case, keys, stored["prefill_q"].float())
+    refs: dict[str, Any] = {"prefill_score": scores, "prefill_bound": bounds}
     for name in TOPK_OUTPUTS:
         positions = case.query_positions(name)
         queries = stored["prefill_q" if name == "prefill_topk" else "decode_q"]
-        scores = _block_scores(case, keys, queries[: len(positions)], positions)
+        scores, bounds = _block_scores(case, keys, queries[: len(positions)], positions)
         refs[name] = [
-            reference_selection(case, row.tolist(), position)
-            for row, position in zip(scores, positions, strict=True)
+            reference_selection(case, row.tolist(), bound.tolist(), position)
+            for row, bound, position in zip(scores, bounds, positions, strict=True)
         ]
     return refs
 
 
 def judge(case: Case, outputs: dict[str, Any], refs: dict[str, Any]) -> Result:
     """The verdict on one run: scores and every top-k against fp64, planted
-    blocks kept."""
+    blocks kept. ``record["score_error"]``: the worst score's distance from
+    fp64 as a fraction of its bound."""
     import torch
 
     result = Result()
     score, ref = outputs["prefill_score"].double(), refs["prefill_score"]
+    bound = refs["prefill_bound"]
     both_inf = torch.isinf(score) & torch.isinf(ref) & (score.sign() == ref.sign())
-    off = ((score - ref).abs() > _ulp(ref).double()) & ~both_inf
+    error = (score - ref).abs().masked_fill(both_inf, 0.0)
+    off = error > bound
     result.checked += score.numel()
+    ratio = (error / bound.clamp_min(torch.finfo(torch.float64).tiny)).max()
+    result.record["score_error"] = float(ratio)
     if off.any():
-        worst = float((score - ref).abs().masked_fill(both_inf, 0).max())
         result.failures.append(
             f"prefill scores: {int(off.sum())} of {score.numel()} off the fp64 "
-            f"reference by more than one ulp (worst {worst:.3g})"
+            f"reference by more than 2^-{SCORE_BOUND_BITS} of sum|q*k| (worst "
+            f"{float(error.max()):.3g}, {float(ratio):.3g} times its bound)"
         )
     for name in TOPK_OUTPUTS:
         rows = outputs[name].reshape(-1, case.topk)
@@ -441,7 +454,7 @@ def run_selftest(
         stored = {name: e4m3(value, fmt) for name, value in inputs.items()}
         outputs = run_scorers(case, *stored.values(), device=device)
         result = judge(case, outputs, references(case, stored))
-        result.record = {
+        result.record |= {
             "case": case.__dict__,
             "fp8": fmt.dtype,
             "device": _device_name(device),
@@ -472,8 +485,10 @@ def verdict_line(result: Result) -> str:
     if result.passed:
         return (
             f"selftest passed on {result.record.get('device')}: "
-            f"{result.record.get('fp8', 'fp8')} index scores within one ulp of "
-            f"fp64, every top-k as fp64 selects, planted blocks kept "
+            f"{result.record.get('fp8', 'fp8')} index scores within "
+            f"2^-{SCORE_BOUND_BITS} of sum|q*k| of fp64 (worst "
+            f"{result.record.get('score_error', 0.0):.2g} of that), every top-k "
+            f"as fp64 selects, planted blocks kept "
             f"({result.checked} checks); "
             f"{result.writer}"
         )

@@ -115,14 +115,24 @@ def cached_result(path: Path, key: dict[str, str]) -> Result | None:
         return None
     return Result(
         checked=int(stored["checked"]),
-        record={"device": key["gpu"], "fp8": key["fp8"], "cached": str(path)},
+        record={
+            "device": key["gpu"],
+            "fp8": key["fp8"],
+            "cached": str(path),
+            "score_error": float(stored.get("score_error", 0.0)),
+        },
         writer=stored["writer"],
     )
 
 
 def store_result(path: Path, key: dict[str, str], result: Result) -> None:
     """Write a passed verdict, atomically: every worker of a node may write."""
-    entry = {"key": key, "checked": result.checked, "writer": result.writer}
+    entry = {
+        "key": key,
+        "checked": result.checked,
+        "writer": result.writer,
+        "score_error": result.record.get("score_error", 0.0),
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -132,23 +142,24 @@ def store_result(path: Path, key: dict[str, str], result: Result) -> None:
         pass  # a read-only cache root only costs the next start a rerun
 
 
-def node_verdict() -> Result:
-    """The verdict for this process: cached for this node, or run now. What
-    the self-test raises is a failed verdict, not an exception."""
+def node_verdict(use_kept: bool = True) -> Result:
+    """The verdict for this process: the one kept for this node (unless
+    ``use_kept`` is False), or a run now, kept if it passes. What the
+    self-test raises is a failed verdict, not an exception."""
     device = kernel_device()
     path = key = None
     try:
         if device != "cpu" or os.environ.get("TRITON_INTERPRET") == "1":
             key = node_key(device)
             path = verdict_path(key)
-            cached = cached_result(path, key)
+            cached = cached_result(path, key) if use_kept else None
             if cached is not None:
                 return cached
         result = run_node_selftest()
     except Exception as error:
         return Result(
             failures=[f"the self-test raised {type(error).__name__}: {error}"],
-            record={"device": _device_name(device)},
+            record={"device": device},
         )
     if result.passed and path is not None and key is not None:
         store_result(path, key, result)
