@@ -27,7 +27,11 @@ On gfx942 one more row times the plugin's fnuz writer kernel per sparse layer
 each arm, and checks it; it runs anywhere (no GPU). Ratios come from one run
 on one GPU.
 
-``python -m benchmarks.decode_scorer [--plan] [--quick] [--json] [--iters N]``
+Each launch is queued behind a GPU wait of about 1 ms, so the events time the
+kernels and not Python's launch cost (CUDA graphs hide it in serving).
+
+``python -m benchmarks.decode_scorer [--plan] [--quick] [--json] [--iters N]
+[--render JSON]``
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import statistics
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks._common import table
@@ -55,6 +60,8 @@ INDEX_DIM = 128
 TOPK = 16
 INDEX_HEADS = 1
 FLUSH_BYTES = 512 << 20
+LAUNCH_COVER_CYCLES = 2_000_000
+"""About 1 ms of GPU clock: longer than the host takes to queue one decode."""
 LAST_LEVEL_CACHE_BYTES = 256 << 20
 """The largest last-level cache among the GPUs served (MI300X, MI355X)."""
 NO_GPU = (
@@ -221,6 +228,10 @@ def _time(run: Any, flush: Any, iters: int) -> float:
     samples = []
     for _ in range(iters):
         flush.zero_()
+        # The GPU waits here while the host queues the launches behind it, so
+        # the events time the kernels, not Python's launch cost (on an H200
+        # without it every row under about 100 MiB read timed 160 us).
+        torch.cuda._sleep(LAUNCH_COVER_CYCLES)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -288,6 +299,8 @@ def measure(iters: int, quick: bool) -> dict[str, Any]:
             with launch_as(ops, platform["dtypes"][arm.launch_as]):
                 timed[arm.name] = _time(run, flush, iters)
         report_rows.append({**asdict(row), "us": timed})
+        # Progress, so a run cut short still shows the rows it measured.
+        print(f"decode_scorer: {asdict(row)} {timed}", file=sys.stderr, flush=True)
     report = {
         "gpu": torch.cuda.get_device_name(),
         "fp8": str(platform["dtypes"]["fp8"]),
@@ -388,7 +401,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two batches, one context")
     parser.add_argument("--json", action="store_true", help="print JSON instead")
     parser.add_argument("--iters", type=int, default=50, help="timed launches per arm")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="print the table of a saved run (this benchmark's --json output, or "
+        "the device check's device_check.json) instead of running",
+    )
     options = parser.parse_args(argv)
+    if options.render is not None:
+        saved = json.loads(options.render.read_text(encoding="utf-8"))
+        print(render(saved.get("decode_scorer", saved)))
+        return 0
     import torch
 
     if options.plan or not torch.cuda.is_available():

@@ -74,3 +74,20 @@ def test_the_decode_plan_is_one_launch_per_dtype_on_cuda():
     plan = _plan("h200")
     assert plan["problems"] == [] and not plan["writer_row"]
     assert all(len(row["arms"]) == 2 for row in plan["rows"])
+
+
+def test_the_h200_decode_table_in_the_docs_is_the_committed_runs():
+    # docs/performance.md carries the table --render prints for the device
+    # check's committed run; a rerun that changes it changes both.
+    from vllm_minimax_m3_kv_sim import REPO
+
+    proc = run_python(
+        ["-m", "benchmarks.decode_scorer", "--render",
+         str(REPO / "tests/data/device_records/h200.json")],
+        {}, 120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = proc.stdout.strip()
+    assert "on NVIDIA H200" in table
+    assert "| 64    | 131,072 | 1 of 1 | 487.0   | 258.5  | 0.53x" in table
+    assert table in (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
