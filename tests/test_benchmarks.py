@@ -91,3 +91,99 @@ def test_the_h200_decode_table_in_the_docs_is_the_committed_runs():
     assert "on NVIDIA H200" in table
     assert "| 64    | 131,072 | 1 of 1 | 487.0   | 258.5  | 0.53x" in table
     assert table in (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+
+
+# -- needle retention: its paired statistics ------------------------------------
+
+
+def test_needle_retention_pairs_choices_by_haystack():
+    from benchmarks.needle_retention import paired_change
+
+    reference = [[True, True, False], [True, False, False]]
+    arm = [[True, False, True], [True, False, False]]
+    change = paired_change(arm, reference)
+    assert (change["lost"], change["gained"]) == (1, 1)
+    assert change["change_points"] == 0.0
+    assert (change["kept"], change["kept_reference"], change["rows"]) == (3, 3, 6)
+    same = paired_change(reference, reference)
+    assert same["interval"] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="different choices"):
+        paired_change([[True]], [[True, False]])
+
+
+def _simulated_haystacks(loss: float | None, seed: int, haystacks: int = 100) -> tuple:
+    # Choices near the cut as the faint needle's: a haystack's difficulty is
+    # shared by its seven choices (correlated, as real ones). The arm loses
+    # each choice the reference kept with probability ``loss``; with None it
+    # is a second draw from the reference's own distribution (no effect,
+    # only noise, as the null arms).
+    import random
+
+    draw = random.Random(seed)
+    reference, arm = [], []
+    for _ in range(haystacks):
+        chance = 0.2 + 0.8 * draw.random()
+        theirs = [draw.random() < chance for _ in range(7)]
+        if loss is None:
+            ours = [draw.random() < chance for _ in range(7)]
+        else:
+            ours = [kept and draw.random() >= loss for kept in theirs]
+        reference.append(theirs)
+        arm.append(ours)
+    return arm, reference
+
+
+def test_the_needle_interval_covers_no_effect_and_sees_a_real_loss():
+    from benchmarks.needle_retention import paired_change
+
+    runs = 30
+    covered = sum(
+        lo <= 0.0 <= hi
+        for lo, hi in (
+            paired_change(*_simulated_haystacks(None, seed), seed=seed)["interval"]
+            for seed in range(runs)
+        )
+    )
+    assert covered >= 0.85 * runs  # a 95% interval; 30 runs
+    # A 10% loss of kept choices (about 6 points) at 100 haystacks x 7.
+    seen = sum(
+        paired_change(*_simulated_haystacks(0.1, seed), seed=seed)["interval"][1] < 0
+        for seed in range(runs)
+    )
+    assert seen >= 0.8 * runs
+
+
+def test_the_needle_margin_is_what_the_needle_must_beat():
+    from benchmarks.needle_retention import fp64_margin
+
+    scores = [5.0, 1.0, 4.0, 3.0, 9.0]  # five blocks, the last one the query's
+    # top-3 with the last block forced: two places for blocks 0-3.
+    assert (
+        fp64_margin(scores, needle=2, position=4 * 128, topk=3, local_blocks=1) == 1.0
+    )
+    assert (
+        fp64_margin(scores, needle=1, position=4 * 128, topk=3, local_blocks=1) == -3.0
+    )
+    forced = fp64_margin(scores, needle=4, position=4 * 128, topk=3, local_blocks=1)
+    assert forced == float("inf")
+
+
+def test_the_h200_needle_table_in_the_docs_is_the_committed_runs():
+    from vllm_minimax_m3_kv_sim import REPO
+
+    proc = run_python(
+        ["-m", "benchmarks.needle_retention", "--render",
+         str(REPO / "tests/data/device_records/needle_h200.json")],
+        {}, 120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = proc.stdout.strip()
+    assert "200 x 7" in table and "on NVIDIA H200" in table
+    # The README's figures are rows of this run.
+    assert "| faint             | 200 x 7             | 0.558      | -0.09" in table
+    assert "65 / 33       | -2.3 [-3.9, -0.6]" in table
+    assert "16 / 13       | -0.2 [-1.0, +0.6]" in table
+    assert table in (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "-2.3 [-3.9, -0.6] (65 / 33)" in readme
+    assert "0.514" not in readme + (REPO / "docs" / "performance.md").read_text()
