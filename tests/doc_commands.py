@@ -4,8 +4,9 @@
 (empty when every command parses). Cases (from ``tests/test_docs.py``):
 ``["check", ARGS...]`` through check's own front and vLLM's serve parser;
 ``["serve", ARGS...]`` through vLLM's serve parser; ``["module", NAME,
-ARGS...]`` and ``["script", PATH, ARGS...]``: every ``--flag`` used must be in
-that program's ``--help``.
+ARGS...]``, ``["script", PATH, ARGS...]`` (bash) and ``["pyscript", PATH,
+ARGS...]`` (Python): every ``--flag`` used must be in that program's
+``--help`` (a Python script's subcommand's, where it names one).
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ def check_one(case: list[str]) -> str | None:
     program, *args = args
     if kind == "module":
         text = _help_of_module(program)
+    elif kind == "pyscript":
+        subcommand = [a for a in args[:1] if not a.startswith("-")]
+        proc = subprocess.run(
+            [sys.executable, program, *subcommand, "--help"],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            return f"{program} {subcommand}: --help failed: {proc.stderr[-300:]}"
+        text = proc.stdout
     else:
         text = subprocess.run(
             ["bash", program, "--help"], capture_output=True, text=True

@@ -356,6 +356,9 @@ def test_every_command_in_the_docs_runs_as_written(tmp_path):
             module = words[2]
             assert importlib.util.find_spec(module) is not None, (doc, line)
             to_parse.append(["module", module, *words[3:]])
+        elif program in ("python", "python3") and words[1].startswith("scripts/"):
+            assert (REPO / words[1]).is_file(), (doc, line)
+            to_parse.append(["pyscript", words[1], *words[2:]])
         elif program.startswith("scripts/"):
             script = REPO / program
             assert script.is_file() and script.stat().st_mode & 0o111, (doc, line)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import minimaxm3_paired as paired_rule
 from minimaxm3_longctx import INDEXER_KEEPS
 from minimaxm3_longctx import scores as long_context_scores
 
@@ -339,15 +340,42 @@ def gsm8k_holds(row: dict, reference: dict) -> bool | None:
     )
 
 
-def long_context_lower(row: dict, reference: dict) -> list[str] | None:
-    """None when either pool has no long-context result; else the lengths at
-    which ``row``'s retrieval is lower than the reference's by more than
-    ACCURACY_Z standard errors (empty: it holds at every length both ran)."""
+def _is_paired(row: dict, reference: dict, shared: list[str]) -> bool:
+    return all(
+        row["long_context"][n].get("outcomes")
+        and reference["long_context"][n].get("outcomes")
+        for n in shared
+    )
+
+
+def long_context_tests(row: dict, reference: dict) -> dict[str, Any] | None:
+    """None when either pool has no long-context result. Else, per shared
+    length, what the rule saw, and the lengths it flags: paired where both
+    pools logged each prompt's outcome (exact McNemar, Holm over lengths at
+    ALPHA), else each accuracy against the other's by ACCURACY_Z standard
+    errors (results without per-prompt outcomes)."""
     ours, theirs = row["long_context"], reference["long_context"]
     shared = [n for n in theirs if n in ours]
     if not shared:
         return None
-    return [
+    if _is_paired(row, reference, shared):
+        tests = {
+            n: paired_rule.paired(ours[n]["outcomes"], theirs[n]["outcomes"])
+            for n in shared
+        }
+        for test in tests.values():
+            test["smallest_flagged_drop"] = paired_rule.smallest_flagged_drop(
+                test["prompts"], test["gained"], len(shared)
+            )
+        flagged = paired_rule.flags(
+            {n: (ours[n]["outcomes"], theirs[n]["outcomes"]) for n in shared}
+        )
+        return {
+            "paired": True,
+            "tests": tests,
+            "lower": [n for n in shared if n in flagged],
+        }
+    lower = [
         n
         for n in shared
         if not _within(
@@ -357,6 +385,14 @@ def long_context_lower(row: dict, reference: dict) -> list[str] | None:
             theirs[n]["stderr"],
         )
     ]
+    return {"paired": False, "tests": {}, "lower": lower}
+
+
+def _paired_note(test: dict) -> str:
+    return (
+        f"lost {test['lost']}, gained {test['gained']} of {test['prompts']}, "
+        f"p = {test['p_value']:.2g}"
+    )
 
 
 def decide(rows: list[dict]) -> dict[str, Any]:
@@ -377,15 +413,26 @@ def decide(rows: list[dict]) -> dict[str, Any]:
                 f"first tokens not close on {match['prompts'] - match['first_token_close']}"
                 f" of {match['prompts']} prompts ({', '.join(match['not_close'][:3])})"
             )
-        elif lower := long_context_lower(row, reference):
-            excluded[row["pool"]] = "long-context retrieval lower by more than " + (
-                f"{ACCURACY_Z} standard errors at "
-                + ", ".join(
-                    f"{int(n):,} tokens ({row['long_context'][n]['accuracy']:.2f} vs "
-                    f"{reference['long_context'][n]['accuracy']:.2f})"
-                    for n in lower
+        elif (tested := long_context_tests(row, reference)) and tested["lower"]:
+            lower = tested["lower"]
+            if tested["paired"]:
+                excluded[row["pool"]] = (
+                    "long-context retrieval lower on the same prompts (paired, Holm at "
+                    f"{paired_rule.ALPHA} over {len(tested['tests'])} lengths) at "
+                    + ", ".join(
+                        f"{int(n):,} tokens ({_paired_note(tested['tests'][n])})"
+                        for n in lower
+                    )
                 )
-            )
+            else:
+                excluded[row["pool"]] = "long-context retrieval lower by more than " + (
+                    f"{ACCURACY_Z} standard errors at "
+                    + ", ".join(
+                        f"{int(n):,} tokens ({row['long_context'][n]['accuracy']:.2f} vs "
+                        f"{reference['long_context'][n]['accuracy']:.2f})"
+                        for n in lower
+                    )
+                )
         elif gsm8k_holds(row, reference) is False:
             excluded[row["pool"]] = (
                 f"gsm8k {row['gsm8k']:.4f} vs {reference['gsm8k']:.4f}: lower by more than"
@@ -409,15 +456,31 @@ def decide(rows: list[dict]) -> dict[str, Any]:
         reasons.append("the reference, the only eligible pool")
     if best is not reference:
         lengths = [n for n in reference["long_context"] if n in best["long_context"]]
-        if long_context_lower(best, reference) is None:
+        tested = long_context_tests(best, reference)
+        if tested is None:
             reasons.append(
                 "accuracy not measured: RUN_EVAL=1 runs the long-context retrieval "
                 "eval (the index cache's evidence) and gsm8k"
             )
+        elif tested["paired"]:
+            drops = [t["smallest_flagged_drop"] for t in tested["tests"].values()]
+            reach = (
+                "none at this size (too few prompts)"
+                if any(d is None for d in drops)
+                else f"{min(drops):.1f} points"
+                if min(drops) == max(drops)
+                else f"{min(drops):.1f}-{max(drops):.1f} points"
+            )
+            reasons.append(
+                "long-context retrieval not lower on the same prompts at "
+                f"{', '.join(f'{int(n):,}' for n in lengths)} tokens (paired, Holm at "
+                f"{paired_rule.ALPHA}; the smallest drop this run could flag: {reach})"
+            )
         else:
             reasons.append(
                 f"long-context retrieval within {ACCURACY_Z} standard errors at "
-                f"{', '.join(f'{int(n):,}' for n in lengths)} tokens"
+                f"{', '.join(f'{int(n):,}' for n in lengths)} tokens (unpaired: "
+                "no per-prompt outcomes)"
             )
         if gsm8k_holds(best, reference) is not None:
             reasons.append(
@@ -521,6 +584,24 @@ def report(options: argparse.Namespace) -> int:
             f"{docs} prompts per length, one pass code among filler records:"
         )
         print(long_table)
+        for row in rows[1:]:
+            tested = long_context_tests(row, rows[0])
+            if tested and tested["paired"]:
+                print(
+                    f"  {row['pool']} against {rows[0]['pool']} on the same prompts: "
+                    + "; ".join(
+                        f"{int(n):,} tokens {_paired_note(t)}"
+                        for n, t in tested["tests"].items()
+                    )
+                )
+        spent = [
+            f"{row['pool']} {max(seconds) / 60:.1f} min"
+            for row in rows
+            if (seconds := [v["seconds"] for v in row["long_context"].values()
+                            if v.get("seconds")])
+        ]  # fmt: skip
+        if spent:
+            print(f"  long-context eval wall time (lm-eval's): {', '.join(spent)}")
     if any(row["gsm8k"] is not None for row in rows):
         print(f"  ({GSM8K_BLIND})")
     for pool, why in verdict["excluded"].items():

@@ -41,7 +41,7 @@ DEFAULT_LM_EVAL_BIN=lm_eval
 # The long-context retrieval eval's context lengths (tokens, capped by
 # MAX_MODEL_LEN) and prompts per length.
 DEFAULT_LONG_EVAL_LENGTHS="4096 16384 32768 65536 131072"
-DEFAULT_LONG_EVAL_DOCS=30
+DEFAULT_LONG_EVAL_DOCS=400
 
 VLLM_BIN="${VLLM_BIN:-$DEFAULT_VLLM_BIN}"
 CHECK_BIN="${CHECK_BIN:-$DEFAULT_CHECK_BIN}"
@@ -99,7 +99,7 @@ optional environment (default):
   PP                      pipeline parallel size (unset)
   RUN_EVAL                true|false (1|0): lm-eval long-context retrieval, then gsm8k, after the benchmark (false)
   LONG_EVAL_LENGTHS       its context lengths in tokens, those that fit MAX_MODEL_LEN (${DEFAULT_LONG_EVAL_LENGTHS})
-  LONG_EVAL_DOCS          its prompts per length (${DEFAULT_LONG_EVAL_DOCS})
+  LONG_EVAL_DOCS          its prompts per length; 30 is a smoke check (${DEFAULT_LONG_EVAL_DOCS})
   EVAL_TASK               the short-context sanity task, scored by strict match (gsm8k)
   EVAL_INCLUDE_PATH       lm-eval --include_path, for a task of your own (unset)
   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (unset: vLLM's default, as the public recipe)
@@ -344,9 +344,10 @@ build_commands() {
     if run_eval; then
         local tasks
         tasks="$(long_eval_tasks)"
+        # --log_samples: each prompt's outcome, which the paired rule compares.
         LONG_EVAL_CMD=("$LM_EVAL_BIN" --model local-completions --tasks "$tasks"
             --model_args "$model_args" --include_path "$RESULT_DIR/long_context"
-            --output_path "$RESULT_DIR/eval_long_context")
+            --output_path "$RESULT_DIR/eval_long_context" --log_samples)
     fi
     PROBE_CMD=(python3 "$COMPARE_HELPER" probe --port "$PORT"
         --model "$SERVED_MODEL" --max-model-len "$MAX_MODEL_LEN"

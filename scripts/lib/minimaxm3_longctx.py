@@ -45,6 +45,7 @@ DEFAULT_DOCS = 30
 MAX_GEN_TOKENS = 16
 FILL = 0.97
 LENGTHS_FILE = "lengths.json"
+FILTER = "pass-code"
 METRIC = "exact_match,pass-code"
 STDERR = "exact_match_stderr,pass-code"
 
@@ -218,22 +219,51 @@ def _tokenizer_of(port: str, model: str) -> Callable[[str], int]:
 
 def scores(eval_dir: Path, built_dir: Path) -> dict[int, dict[str, Any]]:
     """Per length: lm-eval's accuracy and standard error (newest results file
-    that has the task), with the token range the prompts were built to."""
+    that has the task), with the token range the prompts were built to, the
+    evaluation's wall time, and each prompt's outcome where lm-eval logged
+    its samples (``--log_samples``): what the paired rule compares."""
     built = _read_json(built_dir / LENGTHS_FILE) or {}
     files = sorted(eval_dir.glob("**/results_*.json"), key=lambda p: p.stat().st_mtime)
     found: dict[int, dict[str, Any]] = {}
     for name, facts in built.items():
         for path in reversed(files):
-            task = ((_read_json(path) or {}).get("results") or {}).get(name) or {}
+            results = _read_json(path) or {}
+            task = (results.get("results") or {}).get(name) or {}
             if METRIC in task:
                 found[int(facts["length"])] = {
                     "accuracy": float(task[METRIC]),
                     "stderr": float(task.get(STDERR, 0.0)),
                     "docs": facts["docs"],
                     "tokens": [facts["tokens_min"], facts["tokens_max"]],
+                    "seconds": _seconds(results),
+                    "outcomes": outcomes(path.parent, name),
                 }
                 break
     return dict(sorted(found.items()))
+
+
+def outcomes(results_dir: Path, task: str) -> dict[str, bool] | None:
+    """Each prompt's exact match, by lm-eval's ``doc_id``, from the newest
+    samples file of ``task`` beside its results file (None: not logged)."""
+    files = sorted(
+        results_dir.glob(f"samples_{task}_*.jsonl"), key=lambda p: p.stat().st_mtime
+    )
+    if not files:
+        return None
+    found = {}
+    with files[-1].open(encoding="utf-8") as lines:
+        for line in lines:
+            sample = json.loads(line)
+            if sample.get("filter", FILTER) == FILTER and "exact_match" in sample:
+                found[str(sample["doc_id"])] = float(sample["exact_match"]) == 1.0
+    return found or None
+
+
+def _seconds(results: dict[str, Any]) -> float | None:
+    try:
+        return float(results["total_evaluation_time_seconds"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _read_json(path: Path) -> Any:

@@ -188,7 +188,8 @@ def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
     assert "| 3,033,088 | 0.9480 (0.0060) | 40/40 | 40/40 | 100.0% |" in out
     assert decision(out) == (
         "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs stock; long-context"
-        " retrieval within 1.96 standard errors at 4,096, 8,176 tokens; gsm8k 0.9480 vs"
+        " retrieval not lower on the same prompts at 4,096, 8,176 tokens (paired, Holm"
+        " at 0.05; the smallest drop this run could flag: 1.5 points); gsm8k 0.9480 vs"
         " 0.9500 (within 1.96 standard errors; short context only); first tokens"
         " close on 40/40 prompts; 1.32x KV tokens"
     )
@@ -241,16 +242,22 @@ def test_long_context_retrieval_decides_where_gsm8k_cannot_see(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert (
-        "long-context retrieval, exact match (stderr), 30 prompts per length, one "
+        "long-context retrieval, exact match (stderr), 400 prompts per length, one "
         "pass code among filler records:"
     ) in out
     # The lengths that fit, and the longest that does in place of those that do not.
     assert "| pool | 4,096 tokens | 16,384 tokens | 19,984 tokens |" in out
     assert "| fp8 | 0.90 (0.05) | 0.60 (0.05) | 0.90 (0.05) |" in out
     assert "cannot see the index cache's precision" in out
+    # Paired: the same 400 prompts per length, each pool's outcome on each.
     assert (
-        "fp8 not eligible: long-context retrieval lower by more than 1.96 standard "
-        "errors at 16,384 tokens (0.60 vs 0.93)"
+        "fp8 against stock on the same prompts: 4,096 tokens lost 0, gained 0 of 400,"
+        " p = 1; 16,384 tokens lost 132, gained 0 of 400, p = 1.8e-40"
+    ) in out
+    assert (
+        "fp8 not eligible: long-context retrieval lower on the same prompts (paired, "
+        "Holm at 0.05 over 3 lengths) at 16,384 tokens (lost 132, gained 0 of 400, "
+        "p = 1.8e-40)"
     ) in out
     assert decision(out).startswith("decision: run KV_PRECISION=stock")
     saved = report(tmp_path)["pools"]

@@ -467,7 +467,7 @@ def test_help_lists_every_input_with_its_default(script):
         ("HEALTH_TIMEOUT_S", "1800"),
         ("POOL_LINE_TIMEOUT_S", "60"),
         ("LONG_EVAL_LENGTHS", "4096 16384 32768 65536 131072"),
-        ("LONG_EVAL_DOCS", "30"),
+        ("LONG_EVAL_DOCS", "400"),
     ):
         line = next(
             line for line in proc.stdout.splitlines() if line.split()[:1] == [name]

@@ -135,7 +135,8 @@ def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
         MAX_MODEL_LEN="4096",
         # 8192 does not fit: the longest that does (4080) takes its place.
         LONG_EVAL_LENGTHS="1024 3000 8192",
-        LONG_EVAL_DOCS="4",
+        # Enough that the paired rule can flag a length (2^-8 < 0.05 / 3).
+        LONG_EVAL_DOCS="8",
         PROTOCOL_SERVER_RECALLS=f"fp8:{FP8_RECALLS}",
         ISL="64",
         OSL="8",
@@ -185,7 +186,10 @@ def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
                 .read_text()
                 .splitlines()
             ]
-            assert len(prompts) == found["docs"] == 4
+            assert len(prompts) == found["docs"] == 8
+            # Each prompt's outcome, from the samples real lm-eval logged.
+            assert sorted(found["outcomes"], key=int) == [str(i) for i in range(8)]
+            assert sum(found["outcomes"].values()) == 8 * found["accuracy"]
             for prompt in prompts:
                 text = prompt["prompt"]
                 # At most the length, at least 97% of it or two records short.
@@ -201,8 +205,12 @@ def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
                 length,
             )
     assert rows["fp8"]["agreement"]["prompts"] == 40
+    # Paired on the same prompts: flagged past the length the server recalls,
+    # not below it.
     assert (
-        "fp8 not eligible: long-context retrieval lower by more than 1.96 standard "
-        "errors at 3,000 tokens (0.00 vs 1.00), 4,080 tokens (0.00 vs 1.00)"
+        "fp8 not eligible: long-context retrieval lower on the same prompts (paired, "
+        "Holm at 0.05 over 3 lengths) at 3,000 tokens (lost 8, gained 0 of 8, "
+        "p = 0.0039), 4,080 tokens (lost 8, gained 0 of 8, p = 0.0039)"
     ) in proc.stdout
+    assert "1,024 tokens lost 0, gained 0 of 8, p = 1" in proc.stdout
     assert "decision: run KV_PRECISION=stock" in proc.stdout

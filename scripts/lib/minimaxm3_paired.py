@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""The paired decision rule of KV_PRECISION=compare (standard library only).
+
+Both pools answer the same long-context prompts; per length, the prompts one
+pool got right and the other wrong are all that can tell them apart. An
+exact one-sided McNemar test asks whether the candidate lost more of those
+than chance allows; Holm's step-down keeps the chance of flagging any length
+of a pool that is as good as the reference at most ``ALPHA`` over all the
+lengths together.
+
+``simulate`` checks the rule by simulation (no GPU): how often it flags a
+pool with no effect, and one that loses a given share of prompts at the
+longest lengths, at a given size, with both pools' answers partly
+nondeterministic (docs/deploying.md carries its table).
+
+``python3 scripts/lib/minimaxm3_paired.py simulate [--docs N] [--runs N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from typing import Any
+
+ALPHA = 0.05
+"""Family-wise: the chance of flagging any length of a pool with no effect."""
+
+
+def drop_p_value(lost: int, gained: int) -> float:
+    """One-sided exact McNemar: the chance of at least ``lost`` losses among
+    ``lost + gained`` discordant prompts if either pool is as likely to win
+    each one."""
+    discordant = lost + gained
+    return sum(math.comb(discordant, k) for k in range(lost, discordant + 1)) / (
+        2**discordant
+    )
+
+
+def holm(p_values: dict[Any, float], alpha: float = ALPHA) -> set[Any]:
+    """The hypotheses Holm's step-down rejects at family-wise ``alpha``."""
+    rejected = set()
+    ordered = sorted(p_values.items(), key=lambda item: item[1])
+    for rank, (name, p) in enumerate(ordered):
+        if p > alpha / (len(ordered) - rank):
+            break
+        rejected.add(name)
+    return rejected
+
+
+def paired(ours: dict[str, bool], theirs: dict[str, bool]) -> dict[str, Any] | None:
+    """One length: the prompts both pools answered, lost and gained by
+    ``ours``, and the p-value; None where they share no prompt."""
+    shared = sorted(set(ours) & set(theirs))
+    if not shared:
+        return None
+    lost = sum(theirs[doc] and not ours[doc] for doc in shared)
+    gained = sum(ours[doc] and not theirs[doc] for doc in shared)
+    return {
+        "prompts": len(shared),
+        "lost": lost,
+        "gained": gained,
+        "p_value": drop_p_value(lost, gained),
+    }
+
+
+def smallest_flagged_drop(prompts: int, gained: int, lengths: int) -> float | None:
+    """The smallest net drop, in points, this run could have flagged at one
+    length: with the ``gained`` prompts it saw kept, the fewest losses whose
+    p-value passes Holm's strictest step (``ALPHA / lengths``), less the
+    gains. None where no number of losses could."""
+    for lost in range(prompts - gained + 1):
+        if drop_p_value(lost, gained) <= ALPHA / lengths:
+            return 100.0 * (lost - gained) / prompts
+    return None
+
+
+def flags(lengths: dict[Any, tuple[dict[str, bool], dict[str, bool]]]) -> set[Any]:
+    """The lengths at which ``ours`` is flagged: ``{length: (ours, theirs)}``."""
+    tests = {n: paired(ours, theirs) for n, (ours, theirs) in lengths.items()}
+    return holm({n: t["p_value"] for n, t in tests.items() if t is not None})
+
+
+# -- simulation ---------------------------------------------------------------
+
+
+def _pool_answers(
+    draw: random.Random, truth: list[bool], redraw: float, accuracy: float
+) -> list[bool]:
+    """One pool's run: each prompt's answer, redrawn with chance ``redraw``
+    (nondeterminism: batching, kernels' order of addition)."""
+    return [
+        (draw.random() < accuracy) if draw.random() < redraw else right
+        for right in truth
+    ]
+
+
+def simulate_run(
+    draw: random.Random,
+    docs: int,
+    lengths: int,
+    accuracy: float,
+    redraw: float,
+    drop: float,
+    dropped_lengths: int,
+) -> bool:
+    """One comparison: whether the rule flags the candidate. It loses each
+    prompt the reference's answer would get right with chance
+    ``drop / accuracy`` at the ``dropped_lengths`` longest lengths."""
+    tested = {}
+    for length in range(lengths):
+        truth = [draw.random() < accuracy for _ in range(docs)]
+        reference = _pool_answers(draw, truth, redraw, accuracy)
+        candidate = _pool_answers(draw, truth, redraw, accuracy)
+        if length >= lengths - dropped_lengths:
+            candidate = [
+                right and draw.random() >= drop / accuracy for right in candidate
+            ]
+        tested[length] = (
+            {str(i): answer for i, answer in enumerate(candidate)},
+            {str(i): answer for i, answer in enumerate(reference)},
+        )
+    return bool(flags(tested))
+
+
+def flag_rate(
+    docs: int,
+    drop: float,
+    runs: int = 400,
+    lengths: int = 5,
+    accuracy: float = 0.9,
+    redraw: float = 0.05,
+    dropped_lengths: int = 2,
+    seed: int = 0,
+) -> float:
+    """The share of ``runs`` simulated comparisons the rule flags."""
+    draw = random.Random(seed)
+    return (
+        sum(
+            simulate_run(draw, docs, lengths, accuracy, redraw, drop, dropped_lengths)
+            for _ in range(runs)
+        )
+        / runs
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    sim = commands.add_parser("simulate", help="the rule's flag rates by simulation")
+    sim.add_argument("--docs", type=int, nargs="+", default=[30, 200, 400, 600])
+    sim.add_argument("--runs", type=int, default=400)
+    args = parser.parse_args(argv)
+    print(
+        "Flag rate of the paired rule (5 lengths, Holm at 0.05), by simulation: "
+        f"{args.runs} comparisons per cell, reference accuracy 0.9, each answer "
+        "redrawn with chance 0.05 in each pool, the drop at the 2 longest lengths"
+    )
+    print()
+    print(
+        "| prompts per length | no effect | 2-point drop | 3-point drop | 5-point drop |"
+    )
+    print("| --- | --- | --- | --- | --- |")
+    for docs in args.docs:
+        rates = [flag_rate(docs, drop, args.runs) for drop in (0.0, 0.02, 0.03, 0.05)]
+        print(f"| {docs} | " + " | ".join(f"{rate:.1%}" for rate in rates) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
