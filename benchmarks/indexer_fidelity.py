@@ -12,7 +12,8 @@ index-score and top-k kernels select blocks for the last queries of the
 sequence from each; vLLM's sparse attention then attends over each selection
 on the same fp8 main cache. Reported per cell, over the queries:
 
-- top-k recall: |fp8-selected & bf16-selected| / |bf16-selected| (min, mean);
+- top-k recall: |fp8-selected & bf16-selected| / |bf16-selected| (min, and
+  the mean with a 95% interval from resampling the cell's sequences);
 - score regret: (bf16 score mass of the bf16 selection - that of the fp8
   selection) / bf16 absolute score mass of the bf16 selection (max), where a
   block's score is the bf16 cache's index score (the max over its tokens);
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -43,8 +45,12 @@ DISTRIBUTIONS = ("rms", "outliers", "near_tied")
 CONTEXTS = {"quick": (2048, 8192, 32768), "full": (2048, 4096, 8192, 16384, 32768)}
 GPU_CONTEXTS = (65536, 131072)
 QUERIES = {"quick": 4, "full": 16}
+SEQUENCES = {"quick": 3, "full": 8}
+"""Independent sequences (keys, queries, block tables) per cell: the queries
+of one sequence share its keys, so the interval resamples sequences."""
 OUTLIER_CHANNELS, OUTLIER_SCALE = 4, 16.0
 TIE_NOISE = 0.02
+BOOTSTRAP_REPS = 2000
 
 
 def _keys(distribution: str, tokens: int, dim: int, generator: Any) -> Any:
@@ -160,7 +166,7 @@ def child(cells: list[list], queries: int) -> dict:
     from vllm_minimax_m3_kv_sim.kernels import bound_pool, prepare_triton
 
     device = prepare_triton()
-    longest = max(context for context, _ in cells)
+    longest = max(cell[0] for cell in cells)
     # The tiny MiniMax-M3 at TP 8 takes 196,608 bytes per block; room for the
     # longest sequence, plus the null block.
     pool = bound_pool(
@@ -171,7 +177,7 @@ def child(cells: list[list], queries: int) -> dict:
     start = time.perf_counter()
     rows = [
         _cell(pool, context, distribution, queries, seed)
-        for seed, (context, distribution) in enumerate(cells)
+        for context, distribution, seed in cells
     ]
     return {
         "device": device,
@@ -181,11 +187,42 @@ def child(cells: list[list], queries: int) -> dict:
     }
 
 
+def _pooled(runs: list[dict]) -> dict:
+    """One cell over its sequences: the extremes over every query, the mean
+    recall with a percentile bootstrap interval over sequences."""
+    means = [run["recall_mean"] for run in runs]
+    draw = random.Random(0)
+    resampled = sorted(
+        sum(draw.choices(means, k=len(means))) / len(means)
+        for _ in range(BOOTSTRAP_REPS)
+    )
+    return {
+        "context": runs[0]["context"],
+        "distribution": runs[0]["distribution"],
+        "sequences": len(runs),
+        "queries": runs[0]["queries"],
+        "recall_min": min(run["recall_min"] for run in runs),
+        "recall_mean": sum(means) / len(means),
+        "recall_interval": [
+            resampled[int(0.025 * BOOTSTRAP_REPS)],
+            resampled[int(0.975 * BOOTSTRAP_REPS) - 1],
+        ],
+        "regret_max": max(run["regret_max"] for run in runs),
+        "attention_rel_diff_max": max(run["attention_rel_diff_max"] for run in runs),
+        "plugin_layout_identical": all(run["plugin_layout_identical"] for run in runs),
+    }
+
+
 def measure(size: str, workers: int) -> dict:
     from vllm_minimax_m3_kv_sim.kernels import has_cuda_gpu, kernel_env
 
     contexts = CONTEXTS[size] + (GPU_CONTEXTS if has_cuda_gpu() else ())
-    cells = [[c, d] for c in contexts for d in DISTRIBUTIONS]
+    cells = [
+        [c, d, seed]
+        for c in contexts
+        for d in DISTRIBUTIONS
+        for seed in range(SEQUENCES[size])
+    ]
     # Longest first, dealt round-robin: the two children finish together.
     cells.sort(key=lambda cell: -cell[0])
     shares = [cells[i::workers] for i in range(workers)]
@@ -197,10 +234,17 @@ def measure(size: str, workers: int) -> dict:
         parts = list(
             pool.map(lambda a: run_child(__spec__.name, a, kernel_env()), args)
         )
-    rows = sorted(
-        (row for part in parts for row in part["rows"]),
-        key=lambda row: (row["context"], DISTRIBUTIONS.index(row["distribution"])),
-    )
+    sequences: dict[tuple[int, str], list[dict]] = {}
+    for part in parts:
+        for row in part["rows"]:
+            sequences.setdefault((row["context"], row["distribution"]), []).append(row)
+    rows = [
+        _pooled(runs)
+        for _, runs in sorted(
+            sequences.items(),
+            key=lambda item: (item[0][0], DISTRIBUTIONS.index(item[0][1])),
+        )
+    ]
     return {
         "plugin_layout_identical": all(r["plugin_layout_identical"] for r in rows),
         "topk_recall": min(row["recall_min"] for row in rows),
@@ -223,9 +267,10 @@ def render(result: dict) -> str:
         [
             f"{row['context']:,}",
             row["distribution"],
-            str(row["queries"]),
+            f"{row['sequences']} x {row['queries']}",
             f"{row['recall_min']:.3f}",
-            f"{row['recall_mean']:.3f}",
+            f"{row['recall_mean']:.3f} [{row['recall_interval'][0]:.3f}, "
+            f"{row['recall_interval'][1]:.3f}]",
             f"{row['regret_max']:.4f}",
             f"{row['attention_rel_diff_max']:.4f}",
         ]
@@ -239,9 +284,9 @@ def render(result: dict) -> str:
                 [
                     "context",
                     "keys",
-                    "queries",
+                    "sequences x queries",
                     "top-k recall (min)",
-                    "recall (mean)",
+                    "recall (mean) [95%]",
                     "score regret (max)",
                     "attention rel. diff (max)",
                 ],

@@ -187,3 +187,21 @@ def test_the_h200_needle_table_in_the_docs_is_the_committed_runs():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "-2.3 [-3.9, -0.6] (65 / 33)" in readme
     assert "0.514" not in readme + (REPO / "docs" / "performance.md").read_text()
+
+
+def test_indexer_fidelity_pools_a_cell_over_its_sequences():
+    from benchmarks.indexer_fidelity import _pooled
+
+    runs = [
+        {"context": 8192, "distribution": "rms", "queries": 4, "recall_min": r,
+         "recall_mean": m, "regret_max": g, "attention_rel_diff_max": a,
+         "plugin_layout_identical": True}
+        for r, m, g, a in ((0.9, 0.95, 0.01, 0.2), (1.0, 1.0, 0.0, 0.1),
+                           (0.8, 0.9, 0.03, 0.4))
+    ]  # fmt: skip
+    cell = _pooled(runs)
+    assert (cell["sequences"], cell["queries"]) == (3, 4)
+    assert cell["recall_min"] == 0.8 and cell["regret_max"] == 0.03
+    assert cell["recall_mean"] == pytest.approx(0.95)
+    low, high = cell["recall_interval"]
+    assert 0.9 <= low < 0.95 < high <= 1.0
