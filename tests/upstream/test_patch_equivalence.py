@@ -56,7 +56,7 @@ def series_all(tmp_path_factory) -> overlay.Overlay:
 
 
 def test_each_patch_applies_alone_and_changes_only_copies(
-    pr1, pr3, pr4, pr1_pr3, series_all
+    pr1, pr3, pr4, pr1_pr3, series_all, tmp_path
 ):
     installed = overlay.installed_vllm()
     assert [p.name[:3] for p in overlay.PATCHES] == ["01-", "03-", "04-"]
@@ -74,10 +74,23 @@ def test_each_patch_applies_alone_and_changes_only_copies(
             assert not (patched.root / path).is_symlink(), path
         # Everything else is the installed package itself.
         assert (patched.root / "vllm" / "envs.py").resolve() == installed / "envs.py"
-    # Disjoint files: the series applies in any order.
+    # The series applies in any order: where two PRs share a file (round 5:
+    # PR 1's MSA helper and PR 4's fp8 gate, both in common/indexer.py),
+    # their hunks stand apart, so each order applies and changes both.
     for index, first in enumerate(alone):
         for second in alone[index + 1 :]:
-            assert not set(first.patched) & set(second.patched)
+            shared = set(first.patched) & set(second.patched)
+            if not shared:
+                continue
+            assert shared == {"vllm/models/minimax_m3/common/indexer.py"}
+            for order in ((first, second), (second, first)):
+                patches = tuple(p for o in order for p in o.patches)
+                both = overlay.build(tmp_path / "-".join(p.name[:2] for p in patches),
+                                     patches)  # fmt: skip
+                for path in shared:
+                    text = (both.root / path).read_text()
+                    assert "uses_sm100_msa_indexer" in text  # PR 1's
+                    assert "fp8_index_cache_supported" in text  # PR 4's
     assert set(pr1_pr3.patched) == set(pr1.patched) | set(pr3.patched)
     assert set(series_all.patched) == {p for o in alone for p in o.patched}
 
@@ -139,10 +152,12 @@ def code_lines(patch: Path, tree: Path, under: str = "vllm/") -> list[str]:
     return code
 
 
-PR_CODE_BUDGET = {"01-": 50, "03-": 25, "04-": 20}
+PR_CODE_BUDGET = {"01-": 55, "03-": 25, "04-": 20}
 """Code lines each PR may add under vllm/ (issue #31: PR 1 about 40). Round 4
 (issue #41): PR 1 moved the aiter-kernel check into the ROCm gate and scoped
-the hook (47); PR 3 became a per-layer helper asked at three sites (21)."""
+the hook (47); PR 3 became a per-layer helper asked at three sites (21).
+Round 5 (issue #52): PR 1's CUDA branch asks model build's own MSA condition
+through a helper both share (54)."""
 
 
 @pytest.mark.parametrize("patch", overlay.PATCHES, ids=lambda p: p.name[:2])
@@ -212,8 +227,8 @@ OWN_TEST_HARDWARE = {
 OWN_TESTS_PASSED = {
     # Each case under both published architectures; the ROCm-only cases and
     # the two GPU tests skip on B200, the GPU tests on MI355X.
-    ("pr1", "b200"): (14, 8),
-    ("pr1", "mi355x"): (18, 4),
+    ("pr1", "b200"): (15, 8),
+    ("pr1", "mi355x"): (19, 4),
     ("pr3", "b200"): (5, 0),
     # The kernel cases need a GPU; the selection case runs.
     ("pr4", "mi355x"): (1, 3),
@@ -551,11 +566,22 @@ def _called(node: ast.AST) -> set[str]:
 def test_pr1_leaves_model_builds_gate_alone_and_asks_the_msa_selections_own(pr1):
     """Review of round 3: model build's fp8 gate (``select_indexer_impl_cls``)
     is 0.33's, and on ROCm the hook asks the one function the ROCm model's MSA
-    selection asks, which also checks that aiter ships the MSA kernels."""
+    selection asks, which also checks that aiter ships the MSA kernels. Review
+    of round 4: on CUDA it asks model build's own MSA condition too, the one
+    ``select_indexer_impl_cls`` now reads from a shared helper."""
     installed = overlay.installed_vllm()
     common = "vllm/models/minimax_m3/common/indexer.py"
-    assert common not in pr1.patched
-    assert (pr1.root / common).resolve() == installed / common.removeprefix("vllm/")
+    stock = ast.unparse(_function(installed / common.removeprefix("vllm/"),
+                                  "select_indexer_impl_cls"))  # fmt: skip
+    patched = ast.unparse(_function(pr1.root / common, "select_indexer_impl_cls"))
+    # The one change: the MSA width check, asked through the helper.
+    assert "is_sm100 and topk_blocks == 16 and" in stock
+    assert patched == stock.replace(
+        "is_sm100 and topk_blocks == 16 and",
+        "is_sm100 and uses_sm100_msa_indexer(topk_blocks) and",
+    )
+    helper = _function(pr1.root / common, "uses_sm100_msa_indexer")
+    assert {"is_cuda", "is_device_capability_family"} <= _called(helper)
     msa = pr1.root / "vllm/models/minimax_m3/amd/indexer_msa.py"
     hook = _function(
         pr1.root / "vllm/model_executor/models/config.py",
@@ -564,6 +590,8 @@ def test_pr1_leaves_model_builds_gate_alone_and_asks_the_msa_selections_own(pr1)
     selection = _function(msa, "select_msa_indexer_impl_cls")
     gate = "msa_indexer_unsupported_reason"
     assert gate in _called(hook) and gate in _called(selection)
+    assert "uses_sm100_msa_indexer" in _called(hook)
+    assert "is_device_capability_family" not in _called(hook)
     assert "_aiter_has_msa_kernels" in _called(_function(msa, gate))
     assert "find_spec" not in _called(hook)
     # The published VL architecture's hook is the same one.
@@ -579,8 +607,10 @@ PR1_SCOPE = {
     ("a100", True): ("SM80", "bf16"),
     ("l40s", True): ("SM89", "bf16"),
     ("h200", True): ("SM90", "bf16"),
-    ("b200", True): ("SM100", "fp8"),
-    ("b300", True): ("SM103", "fp8"),
+    ("b200", True): ("B200 (SM100), B300 (SM103), at `sparse_topk_blocks` 16", "fp8"),
+    ("b300", True): ("B200 (SM100), B300 (SM103), at `sparse_topk_blocks` 16", "fp8"),
+    # Round 5: the hook asks model build's MSA condition, which needs 16.
+    ("b200", True, 32): ("at any other `sparse_topk_blocks`", "bf16"),
     ("rtx-pro-6000", True): ("SM120", "bf16"),
     ("mi355x", True): ("gfx950 with the AITER", "fp8"),
     ("mi355x", False): ("gfx950 without", "bf16"),
@@ -599,8 +629,9 @@ def _pr1_text_rows() -> dict[str, str]:
 def test_pr1s_default_applies_where_its_text_says_and_nowhere_else(pr1):
     rows = _pr1_text_rows()
     env = overlay.child_env(pr1)
-    for (platform, aiter_sparse_pa), (row, after) in PR1_SCOPE.items():
+    for (platform, aiter_sparse_pa, *topk), (row, after) in PR1_SCOPE.items():
         argv = ["-m", "tests.upstream.pr1_scope", "--platform", platform]
+        argv += [f"--topk-blocks={topk[0]}"] if topk else []
         resolved = json_from_out_file(
             argv if aiter_sparse_pa else [*argv, "--no-aiter"], env
         )
