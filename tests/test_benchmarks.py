@@ -76,21 +76,25 @@ def test_the_decode_plan_is_one_launch_per_dtype_on_cuda():
     assert all(len(row["arms"]) == 2 for row in plan["rows"])
 
 
+def _rendered(module: str, record: str) -> tuple[str, str]:
+    """What ``module --render`` prints for a committed GPU run, and
+    docs/performance.md."""
+    from vllm_minimax_m3_kv_sim import REPO
+
+    run = REPO / "tests" / "data" / "device_records" / record
+    proc = run_python(["-m", module, "--render", str(run)], {}, 120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    performance = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    return proc.stdout.strip(), performance
+
+
 def test_the_h200_decode_table_in_the_docs_is_the_committed_runs():
     # docs/performance.md carries the table --render prints for the device
     # check's committed run; a rerun that changes it changes both.
-    from vllm_minimax_m3_kv_sim import REPO
-
-    proc = run_python(
-        ["-m", "benchmarks.decode_scorer", "--render",
-         str(REPO / "tests/data/device_records/h200.json")],
-        {}, 120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    table = proc.stdout.strip()
+    table, performance = _rendered("benchmarks.decode_scorer", "h200.json")
     assert "on NVIDIA H200" in table
     assert "| 64    | 131,072 | 1 of 1 | 487.0   | 258.5  | 0.53x" in table
-    assert table in (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert table in performance
 
 
 # -- needle retention: its paired statistics ------------------------------------
@@ -171,22 +175,16 @@ def test_the_needle_margin_is_what_the_needle_must_beat():
 def test_the_h200_needle_table_in_the_docs_is_the_committed_runs():
     from vllm_minimax_m3_kv_sim import REPO
 
-    proc = run_python(
-        ["-m", "benchmarks.needle_retention", "--render",
-         str(REPO / "tests/data/device_records/needle_h200.json")],
-        {}, 120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    table = proc.stdout.strip()
+    table, performance = _rendered("benchmarks.needle_retention", "needle_h200.json")
     assert "200 x 7" in table and "on NVIDIA H200" in table
     # The README's figures are rows of this run.
     assert "| faint             | 200 x 7             | 0.558      | -0.09" in table
     assert "65 / 33       | -2.3 [-3.9, -0.6]" in table
     assert "16 / 13       | -0.2 [-1.0, +0.6]" in table
-    assert table in (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert table in performance
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "-2.3 [-3.9, -0.6] (65 / 33)" in readme
-    assert "0.514" not in readme + (REPO / "docs" / "performance.md").read_text()
+    assert "0.514" not in readme + performance
 
 
 def test_indexer_fidelity_pools_a_cell_over_its_sequences():
