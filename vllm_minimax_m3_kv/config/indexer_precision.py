@@ -34,8 +34,7 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     BF16_INDEXER_DTYPES,
     DRAFT_KV_CACHE_DTYPE_FLAG,
     FP8_E4M3,
-    FP8_E4M3_KV_CACHE_DTYPES,
-    FP8_INDEXER_DTYPES,
+    FP8_E4M3_DTYPES,
     INDEXER_KV_DTYPE_FLAG,
     KV_CACHE_DTYPE_FLAG,
     SKIP_LAYERS_FLAG,
@@ -66,7 +65,6 @@ from vllm_minimax_m3_kv.config.verdicts import (
 )
 from vllm_minimax_m3_kv.config.vllm_gates import (
     NO_FP8_INDEXER_QUESTION,
-    Blocker,
     Fp8Indexers,
     fp8_indexers,
 )
@@ -91,7 +89,7 @@ def _fp8_indexer_needs_e4m3_main(
     facts: PrecisionFacts, indexers: Fp8Indexers
 ) -> Verdict | None:
     kv = facts.kv_cache_dtype
-    if not is_fp8_indexer(facts) or kv in FP8_E4M3_KV_CACHE_DTYPES:
+    if not is_fp8_indexer(facts) or kv in FP8_E4M3_DTYPES:
         return None
     return refusal(
         facts,
@@ -112,7 +110,7 @@ def _indexer_stores_bf16_or_fp8(
     if indexer in BF16_INDEXER_DTYPES or is_fp8_indexer(facts):
         return None
     keep_fp8: tuple[Fix, ...] = ()
-    if facts.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
+    if facts.kv_cache_dtype in FP8_E4M3_DTYPES:
         keep_fp8 = fp8_fixes(facts, indexers, (INDEXER_KV_DTYPE_FLAG, "fp8"))
     return refusal(
         facts,
@@ -220,7 +218,7 @@ def _skipped_layers_keep_one_precision(
         mixed_fix(
             facts,
             bf16_indexer=_uniform_indexer(facts).indexer_kv_dtype
-            not in FP8_INDEXER_DTYPES,
+            not in FP8_E4M3_DTYPES,
         ),
         because=because,
         mixed_pool=True,
@@ -265,7 +263,7 @@ class PairingRule:
     """One way the pool's precisions can fail to match, and its fixes."""
 
     name: str
-    check: Callable[[PrecisionFacts, list[Blocker]], Verdict | None]
+    check: Callable[[PrecisionFacts, Fp8Indexers], Verdict | None]
     mixed_pool_runs: bool = False
     """The pool would be mixed but can run: the explicit opt-in accepts it."""
     about_index_cache: bool = True
@@ -383,7 +381,7 @@ def _accept_mixed(facts: PrecisionFacts, refusal: Verdict, indexer: str) -> Verd
     """The opt-in's verdict: run mixed, unless the bf16 indexer cannot start."""
     flags, env = (
         bf16_indexer_needs(facts)
-        if facts.layers.has_index_cache and indexer not in FP8_INDEXER_DTYPES
+        if facts.layers.has_index_cache and indexer not in FP8_E4M3_DTYPES
         else ((), ())
     )
     if flags or env:
@@ -405,12 +403,10 @@ def _accept_mixed(facts: PrecisionFacts, refusal: Verdict, indexer: str) -> Verd
             f"{facts.model_dtype} ({SKIP_LAYERS_FLAG})"
         )
     if facts.layers.has_index_cache:
-        parts.append(
-            f"indexer cache {'fp8' if indexer in FP8_INDEXER_DTYPES else 'bf16'}"
-        )
+        parts.append(f"indexer cache {'fp8' if indexer in FP8_E4M3_DTYPES else 'bf16'}")
     cost = (
         ", and the bf16 index keys take twice the bytes of fp8 ones"
-        if facts.layers.has_index_cache and indexer not in FP8_INDEXER_DTYPES
+        if facts.layers.has_index_cache and indexer not in FP8_E4M3_DTYPES
         else ""
     )
     return Verdict(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vllm_minimax_m3_kv.config.pool_facts import FP8_INDEXER_DTYPES
+from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_DTYPES
 
 if TYPE_CHECKING:
     from vllm.config import ModelConfig
@@ -69,9 +69,7 @@ def kv_bytes_per_token(
         )
 
     indexer_dtype = (
-        torch.float8_e4m3fn
-        if indexer_kv_dtype in FP8_INDEXER_DTYPES
-        else torch.bfloat16
+        torch.float8_e4m3fn if indexer_kv_dtype in FP8_E4M3_DTYPES else torch.bfloat16
     )
     indexer = MLAAttentionSpec(
         block_size=_BLOCK,

@@ -12,11 +12,9 @@ FP8_E4M3 = "fp8_e4m3"
 """The precision every fp8 indexer stores; also a spelling of it in both
 ``--kv-cache-dtype`` and ``indexer_kv_dtype``."""
 
-# KV cache dtypes whose bytes are fp8 e4m3, the format every fp8 indexer stores.
-FP8_E4M3_KV_CACHE_DTYPES = frozenset({"fp8", FP8_E4M3})
-
-
-FP8_INDEXER_DTYPES = frozenset({"fp8", FP8_E4M3})
+FP8_E4M3_DTYPES = frozenset({"fp8", FP8_E4M3})
+"""The spellings of fp8 e4m3, the same in ``--kv-cache-dtype`` and
+``indexer_kv_dtype``: the main caches' bytes and every fp8 indexer's."""
 
 
 # vLLM resolves "auto" to this for MiniMax-M3 (``resolve_indexer_kv_dtype``).
@@ -236,7 +234,7 @@ class PrecisionFacts:
     def _precision(self, kv_cache_dtype: str) -> str:
         if kv_cache_dtype == "auto":
             return self.model_dtype
-        if kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES:
+        if kv_cache_dtype in FP8_E4M3_DTYPES:
             return FP8_E4M3
         return kv_cache_dtype
 

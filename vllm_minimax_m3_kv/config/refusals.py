@@ -6,8 +6,7 @@ from __future__ import annotations
 from vllm_minimax_m3_kv.config.pool_facts import (
     BF16,
     DTYPE_FLAG,
-    FP8_E4M3_KV_CACHE_DTYPES,
-    FP8_INDEXER_DTYPES,
+    FP8_E4M3_DTYPES,
     INDEXER_KV_DTYPE_FLAG,
     KV_CACHE_DTYPE_FLAG,
     SHUFFLE_KV_ENV,
@@ -84,7 +83,7 @@ def fp8_fixes(
 ) -> tuple[Fix, ...]:
     """The fixes that give both caches fp8 e4m3, one per indexer this machine
     can be made to run (none where hardware or checkpoint stops them all)."""
-    keeps_main = facts.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES and not any(
+    keeps_main = facts.kv_cache_dtype in FP8_E4M3_DTYPES and not any(
         flag == KV_CACHE_DTYPE_FLAG for flag, _ in flags
     )
     summary = (
@@ -216,4 +215,4 @@ def refusal(
 
 
 def is_fp8_indexer(facts: PrecisionFacts) -> bool:
-    return facts.indexer_kv_dtype in FP8_INDEXER_DTYPES
+    return facts.indexer_kv_dtype in FP8_E4M3_DTYPES

@@ -37,12 +37,6 @@ def _shipped() -> dict:
     )
 
 
-def shipped_flags() -> tuple[str, list[str]]:
-    """The shipped list and the vLLM version it was read from."""
-    data = _shipped()
-    return data["vllm"], data["flags"]
-
-
 def _for_installed_vllm() -> dict | None:
     """The shipped table, or None when it is of another vLLM version (then
     vLLM's own parser answers)."""

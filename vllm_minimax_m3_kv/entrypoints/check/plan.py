@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_KV_CACHE_DTYPES
+from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_DTYPES
 from vllm_minimax_m3_kv.config.verdicts import Outcome
 from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     EXIT_MIXED,
@@ -108,7 +108,7 @@ class Plan:
             stored = {"bfloat16": "bf16"}.get(self.model_dtype, self.model_dtype)
             return f"{stored} (auto: the model's dtype)"
         said = [
-            self.fp8_format if self.kv_cache_dtype in FP8_E4M3_KV_CACHE_DTYPES else "",
+            self.fp8_format if self.kv_cache_dtype in FP8_E4M3_DTYPES else "",
             ""
             if self.kv_cache_dtype_source == "--kv-cache-dtype"
             else self.kv_cache_dtype_source,
@@ -118,9 +118,7 @@ class Plan:
 
     def _indexer_row(self) -> str:
         said = [
-            self.fp8_format
-            if self.indexer_kv_dtype in FP8_E4M3_KV_CACHE_DTYPES
-            else "",
+            self.fp8_format if self.indexer_kv_dtype in FP8_E4M3_DTYPES else "",
             "inherited from the KV cache" if self.indexer_inherited else "",
             self.fp8_indexer,
         ]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_KV_CACHE_DTYPES
+from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_DTYPES
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -44,10 +44,7 @@ def describe_like_main_cache(spec: KVCacheSpec, vllm_config: VllmConfig) -> KVCa
     from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
     main_dtype_str = vllm_config.cache_config.cache_dtype
-    if (
-        spec.dtype not in INDEXER_FP8_DTYPES
-        or main_dtype_str not in FP8_E4M3_KV_CACHE_DTYPES
-    ):
+    if spec.dtype not in INDEXER_FP8_DTYPES or main_dtype_str not in FP8_E4M3_DTYPES:
         return spec
     storage = kv_cache_dtype_str_to_dtype(main_dtype_str, vllm_config.model_config)
     if storage.itemsize != spec.dtype.itemsize:

@@ -24,14 +24,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from vllm_minimax_m3_kv.config.pool_facts import FP8_INDEXER_DTYPES
+from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_DTYPES
 from vllm_minimax_m3_kv.config.vllm_gates import ROCM_TRITON_INDEXER
 
 
 def rocm_fp8_triton_indexer_applies(indexer_kv_dtype: str) -> bool:
     """Whether this process's model build takes the plugin's fp8 Triton path:
     ROCm gfx950 or gfx942, an fp8 e4m3 index cache, indexer CP off."""
-    if indexer_kv_dtype not in FP8_INDEXER_DTYPES:
+    if indexer_kv_dtype not in FP8_E4M3_DTYPES:
         return False
     from vllm.platforms import current_platform
 

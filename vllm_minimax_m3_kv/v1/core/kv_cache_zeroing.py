@@ -157,9 +157,9 @@ def require_plugin_on_every_worker(
     import torch
     from vllm.v1.kv_cache_interface import KVQuantMode, SparseCacheRole
 
-    from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_KV_CACHE_DTYPES
+    from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_DTYPES
 
-    if vllm_config.cache_config.cache_dtype not in FP8_E4M3_KV_CACHE_DTYPES:
+    if vllm_config.cache_config.cache_dtype not in FP8_E4M3_DTYPES:
         return
     pp_size = vllm_config.parallel_config.pipeline_parallel_size
     per_stage = max(1, len(kv_cache_specs) // max(1, pp_size))
