@@ -407,3 +407,20 @@ def test_every_no_zeroer_claim_names_the_kernels_it_was_shown_on():
                     unqualified.append((path.name, missing, _normal(paragraph)[:160]))
     assert not unqualified, unqualified
     assert any(NO_ZEROER_CLAIM.search(p.read_text()) for p in texts)  # live
+
+
+# The headings of vLLM's PR template, in order (`.github/PULL_REQUEST_TEMPLATE.md`
+# in the v0.33.0 source release); a text may add its own between them.
+PR_TEMPLATE_HEADINGS = ("## Overview", "## Claims", "## Validation", "## Details")
+
+
+@pytest.mark.parametrize(
+    "text", sorted((REPO / "upstream").glob("*.md")), ids=lambda path: path.name[:2]
+)
+def test_every_upstream_text_has_vllms_pr_template_headings_in_order(text):
+    headings = [
+        line.strip() for line in text.read_text().splitlines() if line.startswith("## ")
+    ]
+    assert [h for h in headings if h in PR_TEMPLATE_HEADINGS] == list(
+        PR_TEMPLATE_HEADINGS
+    ), headings
