@@ -58,11 +58,13 @@ def task_name(length: int) -> str:
     return f"{TASK_PREFIX}_{length}"
 
 
-def fitting_lengths(lengths: list[int], max_model_len: int) -> list[int]:
-    """The lengths whose prompt and answer fit ``--max-model-len``; where
-    some do not, the longest that fits takes their place (the eval reaches
-    the context the operator serves)."""
-    cap = max_model_len - MAX_GEN_TOKENS
+def fitting_lengths(
+    lengths: list[int], max_model_len: int, answer_tokens: int = MAX_GEN_TOKENS
+) -> list[int]:
+    """The lengths whose prompt and ``answer_tokens`` fit ``--max-model-len``;
+    where some do not, the longest that fits takes their place (the eval
+    reaches the context the operator serves)."""
+    cap = max_model_len - answer_tokens
     kept = {n for n in lengths if n <= cap}
     if len(kept) < len(set(lengths)):
         kept.add(cap)

@@ -14,11 +14,18 @@ are tokenized with the checkpoint's own tokenizer, as vLLM does, and one past
 it "generates" depend on the prompt alone; a prompt ending in ``Answer:``
 gets a gsm8k-style answer, ``#### N``, N from the prompt, or, asked for a
 vault's pass code (the long-context retrieval eval), the code the prompt
-gives for that vault.
+gives for that vault. RULER's multi-key needle questions (lm-eval's
+``niah_multikey_*``, asked through their answer prefix) get the values the
+prompt gives for the asked key, and its variable-tracking questions
+(``ruler_vt``) the variables the chain of assignments gives the value.
+``prompt_logprobs`` (the teacher-forced pass) are vLLM's shape: per prompt
+position the top-k tokens and the actual one, with log-probs that depend on
+the token and its position alone.
 
 PROTOCOL_SERVER_RECALLS=POOL:TOKENS makes the server of that pool (as
-``log_startup`` names it: stock, fp8, bf16 or mixed) answer pass-code
-questions wrongly in prompts longer than TOKENS: a model whose long-context
+``log_startup`` names it: stock, fp8, bf16 or mixed) answer pass-code and
+RULER questions wrongly in prompts longer than TOKENS, and score every prompt
+token past position TOKENS half a nat lower: a model whose long-context
 retrieval fails past some length, for the report to catch.
 
 The log lines the launch scripts confirm are printed as vLLM and this plugin
@@ -79,6 +86,47 @@ def pass_code_answer(
     return f" {code}"
 
 
+RULER_NEEDLE_PREFIX = re.compile(
+    r"The special magic (\w+?)s? for (.+?) mentioned in the provided text (?:is|are)\s*$"
+)
+RULER_VT_QUESTION = re.compile(r"variables are assigned the value (\d+), they are:\s*$")
+LOST_NATS = 0.5
+
+
+def ruler_answer(prompt: str, prompt_tokens: int, recalls: int | None) -> str | None:
+    """The answer to a RULER needle or variable-tracking question at the end
+    of ``prompt`` (wrong past the recall limit), or None if none is asked."""
+    wrong = recalls is not None and prompt_tokens > recalls
+    asked = RULER_NEEDLE_PREFIX.search(prompt[-400:])
+    if asked is not None:
+        kind, key = asked.group(1), re.escape(asked.group(2))
+        values = re.findall(
+            rf"One of the special magic {kind}s? for {key} is: (\S+?)\.(?:\s|$)",
+            prompt,
+        )
+        if wrong:
+            values = [value[::-1] + "0" for value in values]
+        return " " + ", ".join(values) + "."
+    asked = RULER_VT_QUESTION.search(prompt[-400:])
+    if asked is not None:
+        value = asked.group(1)
+        found = set(re.findall(rf"VAR (\w+) = {value}\b", prompt))
+        links = re.findall(r"VAR (\w+) = VAR (\w+)", prompt)
+        grew = True
+        while grew:
+            before = len(found)
+            found |= {left for left, right in links if right in found}
+            grew = len(found) > before
+        names = sorted(found)
+        return " " + " ".join(names[:-1] if wrong else names)
+    return None
+
+
+def prompt_logprob(token: int, position: int, lost: bool) -> float:
+    """The log-prob this server gives a prompt token at its position."""
+    return -0.2 - (_digest(token, position) % 50) / 100 - (LOST_NATS if lost else 0.0)
+
+
 def _digest(*parts: object) -> int:
     return int(hashlib.sha256(repr(parts).encode()).hexdigest()[:8], 16)
 
@@ -133,6 +181,7 @@ def make_app(
         TokenizeCompletionRequest,
         TokenizeResponse,
     )
+    from vllm.logprobs import Logprob
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     vocab = len(tokenizer)
@@ -146,6 +195,10 @@ def make_app(
         return JSONResponse(body, status_code=status)
 
     def generate(prompt: str, prompt_tokens: int, count: int) -> list[int]:
+        ruler = ruler_answer(prompt, prompt_tokens, recalls)
+        if ruler is not None:
+            ids = tokenizer.encode(ruler, add_special_tokens=False)
+            return (ids + [tokenizer.eos_token_id or 0] * count)[:count]
         if prompt.rstrip().endswith("Answer:"):
             answer = pass_code_answer(prompt, prompt_tokens, recalls)
             if answer is None:
@@ -169,6 +222,31 @@ def make_app(
             top_logprobs=tops,
             text_offset=list(range(len(tokens))),
         )
+
+    def prompt_logprobs_of(ids: list[int], top: int) -> list[dict | None]:
+        # vLLM's shape: None for the first token; then the top-k tokens by
+        # rank and the actual token, with its own rank, if not among them.
+        found: list[dict | None] = [None]
+        for position in range(1, len(ids)):
+            actual = prompt_logprob(
+                ids[position], position, recalls is not None and position > recalls
+            )
+            others = {
+                _digest("alt", position, k) % vocab: actual - 0.3 * (k + 1)
+                for k in range(top)
+            }
+            others.pop(ids[position], None)
+            ranked = sorted(
+                [(ids[position], actual), *others.items()], key=lambda t: -t[1]
+            )
+            found.append(
+                {
+                    token: Logprob(logprob, rank, tokenizer.decode([token]))
+                    for rank, (token, logprob) in enumerate(ranked, start=1)
+                    if rank <= top or token == ids[position]
+                }
+            )
+        return found
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -223,6 +301,9 @@ def make_app(
                 text=tokenizer.decode(ids),
                 logprobs=None if top is None else logprobs_of(ids, max(top, 1)),
                 finish_reason="length",
+                prompt_logprobs=None
+                if request.prompt_logprobs is None
+                else prompt_logprobs_of(prompt_ids, request.prompt_logprobs),
             )
             reply = CompletionResponse(model=served_name, choices=[choice], usage=usage)
             return JSONResponse(reply.model_dump())
