@@ -17,9 +17,28 @@ sys.path.insert(0, str(LIB))
 import minimaxm3_paired as rule  # noqa: E402
 
 
-def _default_docs() -> int:
+def _script_default(name: str) -> str:
     script = (LIB / "minimaxm3_fp8_bench.sh").read_text(encoding="utf-8")
-    return int(re.search(r"^DEFAULT_LONG_EVAL_DOCS=(\d+)$", script, re.M).group(1))
+    return re.search(rf"^DEFAULT_{name}=\"?([^\"\n]*)\"?$", script, re.M).group(1)
+
+
+def _default_prompts() -> int:
+    """RULER prompts per length at the launch scripts' defaults: every task's
+    RULER_EVAL_DOCS, pooled."""
+    tasks = _script_default("RULER_TASKS").split()
+    assert len(tasks) == rule.DEFAULT_FAMILY["tasks"]
+    return int(_script_default("RULER_EVAL_DOCS")) * len(tasks)
+
+
+def test_the_simulated_family_is_the_scripts_default_one():
+    # RULER at every default length (all standard ones), pass-code retrieval
+    # at the same lengths and the teacher-forced pass at its own: the rest.
+    ruler_lengths = _script_default("LONG_EVAL_LENGTHS").split()
+    logprob_lengths = _script_default("LOGPROB_EVAL_LENGTHS").split()
+    assert rule.DEFAULT_FAMILY["lengths"] == len(ruler_lengths)
+    assert rule.DEFAULT_FAMILY["other_tests"] == len(ruler_lengths) + len(
+        logprob_lengths
+    )
 
 
 def test_the_exact_mcnemar_p_value():
@@ -45,20 +64,26 @@ def test_the_smallest_flagged_drop_is_what_the_test_would_flag():
 
 
 def test_at_the_default_size_no_effect_is_rarely_flagged_and_3_points_mostly_are():
-    docs = _default_docs()
-    assert rule.flag_rate(docs, 0.0, runs=400) <= 0.05
-    assert rule.flag_rate(docs, 0.03, runs=400) >= 0.80
+    prompts = _default_prompts()
+    assert rule.flag_rate(prompts, 0.0, runs=400) <= 0.05
+    assert rule.flag_rate(prompts, 0.03, runs=400) >= 0.80
 
 
-def test_thirty_prompts_a_length_is_a_smoke_check_only():
-    # The old default: even a 5-point drop at the longest lengths is not seen.
-    assert rule.flag_rate(30, 0.05, runs=200) < 0.05
+def test_a_quick_run_is_a_smoke_check_only():
+    # RUN_EVAL=quick's 10 prompts a task: even a 5-point drop is not seen
+    # more often than a pool with no effect is flagged.
+    assert rule.flag_rate(30, 0.05, runs=200) <= rule.flag_rate(30, 0.0, runs=200)
 
 
 def test_deploying_carries_the_simulated_table():
     deploying = (REPO / "docs" / "deploying.md").read_text(encoding="utf-8")
     assert "python3 scripts/lib/minimaxm3_paired.py simulate" in deploying
-    row = "| 400 | " + " | ".join(
-        f"{rule.flag_rate(400, drop, 400):.1%}" for drop in (0.0, 0.02, 0.03, 0.05)
+    prompts = _default_prompts()
+    docs = int(_script_default("RULER_EVAL_DOCS"))
+    row = f"| {docs} ({prompts}) | " + " | ".join(
+        f"{rule.flag_rate(prompts, drop, 400):.1%}" for drop in rule.SIMULATED_DROPS
     )
     assert row in deploying
+    family = rule.DEFAULT_FAMILY["lengths"] + rule.DEFAULT_FAMILY["other_tests"]
+    smallest = rule.smallest_flagged_drop(prompts, 0, family)
+    assert f"flag at a RULER length is {smallest} points (" in deploying
