@@ -5,10 +5,10 @@
 at a time (greedy, top-5 logprobs), and write what came back.
 
 ``report``: read each pool's results (``vllm bench serve``'s result file, the
-KV capacity vLLM logged at startup, lm-eval's long-context retrieval and
-gsm8k results, the probe) from ``RESULT_DIR/<pool>/``, print the tables, write
-``RESULT_DIR/compare.json`` and end with the pool to run and the rule that
-chose it (docs/deploying.md).
+KV capacity vLLM logged at startup, lm-eval's long-context retrieval, RULER
+and gsm8k results, the teacher-forced log-probs, the probe) from
+``RESULT_DIR/<pool>/``, print the tables, write ``RESULT_DIR/compare.json``
+and end with the pool to run and the rule that chose it (docs/deploying.md).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import minimaxm3_logprobs as teacher_forced
 import minimaxm3_paired as paired_rule
+import minimaxm3_ruler as ruler
 from minimaxm3_longctx import INDEXER_KEEPS
 from minimaxm3_longctx import scores as long_context_scores
 
@@ -307,6 +309,9 @@ def pool_row(
     long_context = long_context_scores(
         directory / LONG_CONTEXT_EVAL_DIR, directory / LONG_CONTEXT_DIR
     )
+    ruler_scores = ruler.scores(directory / ruler.EVAL_DIR)
+    needle_seconds = [v["seconds"] for v in long_context.values() if v.get("seconds")]
+    scored = _read_json(directory / teacher_forced.RESULT_FILE) or {}
     return {
         "pool": pool,
         "output_throughput": bench.get("output_throughput"),
@@ -318,6 +323,22 @@ def pool_row(
         "gsm8k": score[0] if score else None,
         "gsm8k_stderr": score[1] if score else None,
         "long_context": {str(n): v for n, v in long_context.items()},
+        "ruler": ruler_scores,
+        # Each long-context eval's wall time: what its size costs on this node.
+        "eval_seconds": {
+            "pass-code retrieval": max(needle_seconds) if needle_seconds else None,
+            "RULER": ruler.seconds(directory / ruler.EVAL_DIR),
+            "teacher-forced log-probs": scored.get("seconds"),
+        },
+    }
+
+
+def ruler_outcomes(row: dict, length: str) -> dict[str, bool]:
+    """Every RULER task's prompts at one length, as one set (``task:doc``)."""
+    return {
+        f"{task}:{doc}": right
+        for task, lengths in sorted(row.get("ruler", {}).items())
+        for doc, right in (lengths.get(length) or {}).get("outcomes", {}).items()
     }
 
 
@@ -349,50 +370,103 @@ def _is_paired(row: dict, reference: dict, shared: list[str]) -> bool:
 
 
 def long_context_tests(row: dict, reference: dict) -> dict[str, Any] | None:
-    """None when either pool has no long-context result. Else, per shared
-    length, what the rule saw, and the lengths it flags: paired where both
-    pools logged each prompt's outcome (exact McNemar, Holm over lengths at
-    ALPHA), else each accuracy against the other's by ACCURACY_Z standard
-    errors (results without per-prompt outcomes)."""
+    """None when the pools share no long-context result. Else the tests the
+    rule ran and those it flags. Paired where both pools logged each
+    prompt's outcome: one family, Holm at ALPHA over every test, of the
+    pass-code retrieval per length (exact McNemar), RULER per length (its
+    tasks' prompts together, exact McNemar) and the teacher-forced log-probs
+    per length (sign-flip against the noise floor). Pass-code results without
+    per-prompt outcomes fall back to comparing accuracies by ACCURACY_Z
+    standard errors ("unpaired")."""
     ours, theirs = row["long_context"], reference["long_context"]
     shared = [n for n in theirs if n in ours]
-    if not shared:
-        return None
-    if _is_paired(row, reference, shared):
-        tests = {
-            n: paired_rule.paired(ours[n]["outcomes"], theirs[n]["outcomes"])
+    if shared and not _is_paired(row, reference, shared):
+        lower = [
+            n
             for n in shared
-        }
-        for test in tests.values():
-            test["smallest_flagged_drop"] = paired_rule.smallest_flagged_drop(
-                test["prompts"], test["gained"], len(shared)
+            if not _within(
+                ours[n]["accuracy"],
+                theirs[n]["accuracy"],
+                ours[n]["stderr"],
+                theirs[n]["stderr"],
             )
-        flagged = paired_rule.flags(
-            {n: (ours[n]["outcomes"], theirs[n]["outcomes"]) for n in shared}
-        )
-        return {
-            "paired": True,
-            "tests": tests,
-            "lower": [n for n in shared if n in flagged],
-        }
-    lower = [
-        n
-        for n in shared
-        if not _within(
-            ours[n]["accuracy"],
-            theirs[n]["accuracy"],
-            ours[n]["stderr"],
-            theirs[n]["stderr"],
-        )
-    ]
-    return {"paired": False, "tests": {}, "lower": lower}
+        ]
+        return {"paired": False, "tests": {}, "lower": lower}
+    tests: dict[str, dict[str, Any]] = {}
+    for n in shared:
+        test = paired_rule.paired(ours[n]["outcomes"], theirs[n]["outcomes"])
+        tests[f"retrieval:{n}"] = {"kind": "retrieval", "length": n, **test}
+    ruler_lengths = {
+        n for lengths in reference.get("ruler", {}).values() for n in lengths
+    }
+    for n in sorted(ruler_lengths, key=int):
+        test = paired_rule.paired(ruler_outcomes(row, n), ruler_outcomes(reference, n))
+        if test is not None:
+            tests[f"ruler:{n}"] = {"kind": "ruler", "length": n, **test}
+    for n, test in sorted((row.get("logprobs") or {}).items(), key=lambda t: int(t[0])):
+        tests[f"logprobs:{n}"] = {"kind": "logprobs", "length": n, **test}
+    if not tests:
+        return None
+    for test in tests.values():
+        if test["kind"] != "logprobs":
+            test["smallest_flagged_drop"] = paired_rule.smallest_flagged_drop(
+                test["prompts"], test["gained"], len(tests)
+            )
+    flagged = paired_rule.holm({name: t["p_value"] for name, t in tests.items()})
+    return {
+        "paired": True,
+        "tests": tests,
+        "lower": [name for name in tests if name in flagged],
+    }
+
+
+TEST_NAMES = {
+    "retrieval": "pass-code retrieval",
+    "ruler": "RULER",
+    "logprobs": "teacher-forced log-probs",
+}
 
 
 def _paired_note(test: dict) -> str:
+    if test["kind"] == "logprobs":
+        low, high = test["loss_interval"] or (test["loss"], test["loss"])
+        kl = "" if test["kl"] is None else f", KL >= {test['kl']:.3g}"
+        return (
+            f"{test['loss']:+.3f} nats a recall token [{low:+.3f}, {high:+.3f}] over "
+            f"{test['docs']} documents, noise {test['noise']:.3f}{kl}, "
+            f"p = {test['p_value']:.2g}"
+        )
     return (
         f"lost {test['lost']}, gained {test['gained']} of {test['prompts']}, "
         f"p = {test['p_value']:.2g}"
     )
+
+
+def _test_name(test: dict) -> str:
+    return f"{TEST_NAMES[test['kind']]} at {int(test['length']):,} tokens"
+
+
+def _reach(tests: list[dict]) -> str:
+    """The smallest drop the run could flag, per kind of test."""
+    parts = []
+    for kind in ("retrieval", "ruler"):
+        drops = [t["smallest_flagged_drop"] for t in tests if t["kind"] == kind]
+        if not drops:
+            continue
+        reach = (
+            "none at this size (too few prompts)"
+            if any(d is None for d in drops)
+            else f"{min(drops):.1f} points"
+            if min(drops) == max(drops)
+            else f"{min(drops):.1f}-{max(drops):.1f} points"
+        )
+        parts.append(f"{TEST_NAMES[kind]} {reach}")
+    if any(t["kind"] == "logprobs" for t in tests):
+        parts.append(
+            f"log-probs a loss over the noise floor + {teacher_forced.TOLERANCE_NATS}"
+            " nats a recall token"
+        )
+    return "; ".join(parts)
 
 
 def decide(rows: list[dict]) -> dict[str, Any]:
@@ -417,11 +491,12 @@ def decide(rows: list[dict]) -> dict[str, Any]:
             lower = tested["lower"]
             if tested["paired"]:
                 excluded[row["pool"]] = (
-                    "long-context retrieval lower on the same prompts (paired, Holm at "
-                    f"{paired_rule.ALPHA} over {len(tested['tests'])} lengths) at "
-                    + ", ".join(
-                        f"{int(n):,} tokens ({_paired_note(tested['tests'][n])})"
-                        for n in lower
+                    "long context worse on the same prompts (paired, Holm at "
+                    f"{paired_rule.ALPHA} over {len(tested['tests'])} tests): "
+                    + "; ".join(
+                        f"{_test_name(tested['tests'][name])} "
+                        f"({_paired_note(tested['tests'][name])})"
+                        for name in lower
                     )
                 )
             else:
@@ -463,18 +538,16 @@ def decide(rows: list[dict]) -> dict[str, Any]:
                 "eval (the index cache's evidence) and gsm8k"
             )
         elif tested["paired"]:
-            drops = [t["smallest_flagged_drop"] for t in tested["tests"].values()]
-            reach = (
-                "none at this size (too few prompts)"
-                if any(d is None for d in drops)
-                else f"{min(drops):.1f} points"
-                if min(drops) == max(drops)
-                else f"{min(drops):.1f}-{max(drops):.1f} points"
-            )
+            tests = list(tested["tests"].values())
+            seen = []
+            for kind, name in TEST_NAMES.items():
+                at = [int(t["length"]) for t in tests if t["kind"] == kind]
+                if at:
+                    seen.append(f"{name} at {', '.join(f'{n:,}' for n in at)} tokens")
             reasons.append(
-                "long-context retrieval not lower on the same prompts at "
-                f"{', '.join(f'{int(n):,}' for n in lengths)} tokens (paired, Holm at "
-                f"{paired_rule.ALPHA}; the smallest drop this run could flag: {reach})"
+                f"long context not worse on the same prompts: {'; '.join(seen)} "
+                f"(paired, Holm at {paired_rule.ALPHA} over {len(tests)} tests; the "
+                f"smallest drop this run could flag: {_reach(tests)})"
             )
         else:
             reasons.append(
@@ -531,6 +604,35 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ruler_table(rows: list[dict]) -> str | None:
+    """RULER accuracy per task and length, one row per pool and task."""
+    cells = {
+        (row["pool"], task, length): found
+        for row in rows
+        for task, lengths in row.get("ruler", {}).items()
+        for length, found in lengths.items()
+    }
+    if not cells:
+        return None
+    lengths = sorted({int(length) for _, _, length in cells})
+    tasks = sorted({task for _, task, _ in cells})
+    header = "| pool | task | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |"
+    lines = [header, "|---|---|" + "---|" * len(lengths)]
+    for row in rows:
+        for task in tasks:
+            found = [cells.get((row["pool"], task, str(n))) for n in lengths]
+            if any(found):
+                lines.append(
+                    f"| {row['pool']} | {task} | "
+                    + " | ".join(
+                        f"{f['accuracy']:.3f} ({f['docs']})" if f else "-"
+                        for f in found
+                    )
+                    + " |"
+                )
+    return "\n".join(lines)
+
+
 def long_context_table(rows: list[dict]) -> str | None:
     """Retrieval accuracy (stderr) per context length, one row per pool."""
     lengths = sorted({int(n) for row in rows for n in row["long_context"]})
@@ -555,6 +657,26 @@ POOL_MEANINGS = {
 }
 
 
+def eval_cost(rows: list[dict], workload: str) -> list[str]:
+    """Per pool, each long-context eval's wall time and, at the workload's
+    tensor-parallel size, the GPU-minutes the run's size cost."""
+    tp = re.search(r"\bTP=(\d+)", workload)
+    gpus = int(tp.group(1)) if tp else None
+    lines = []
+    for row in rows:
+        spent = {k: v for k, v in row.get("eval_seconds", {}).items() if v}
+        if not spent:
+            continue
+        minutes = sum(spent.values()) / 60
+        parts = ", ".join(f"{name} {v / 60:.1f}" for name, v in spent.items())
+        cost = f", {minutes * gpus:.0f} GPU-minutes at TP={gpus}" if gpus else ""
+        lines.append(
+            f"long-context eval wall time, {row['pool']}: {minutes:.1f} min "
+            f"({parts}){cost}"
+        )
+    return lines
+
+
 def report(options: argparse.Namespace) -> int:
     result_dir = Path(options.result_dir)
     rows = [
@@ -562,7 +684,17 @@ def report(options: argparse.Namespace) -> int:
         for pool in options.pools
     ]
     reference_probe = _read_json(result_dir / options.pools[0] / PROBE_FILE)
+    reference_logprobs = _read_json(
+        result_dir / options.pools[0] / teacher_forced.RESULT_FILE
+    )
     for row in rows[1:]:
+        ours = _read_json(result_dir / row["pool"] / teacher_forced.RESULT_FILE)
+        # The per-length comparison, not the raw log-probs (tens of MB).
+        row["logprobs"] = (
+            teacher_forced.compare(ours, reference_logprobs)
+            if ours and reference_logprobs
+            else {}
+        )
         probe_result = _read_json(result_dir / row["pool"] / PROBE_FILE)
         row["agreement"] = (
             agreement(reference_probe, probe_result)
@@ -584,24 +716,21 @@ def report(options: argparse.Namespace) -> int:
             f"{docs} prompts per length, one pass code among filler records:"
         )
         print(long_table)
-        for row in rows[1:]:
-            tested = long_context_tests(row, rows[0])
-            if tested and tested["paired"]:
-                print(
-                    f"  {row['pool']} against {rows[0]['pool']} on the same prompts: "
-                    + "; ".join(
-                        f"{int(n):,} tokens {_paired_note(t)}"
-                        for n, t in tested["tests"].items()
-                    )
-                )
-        spent = [
-            f"{row['pool']} {max(seconds) / 60:.1f} min"
-            for row in rows
-            if (seconds := [v["seconds"] for v in row["long_context"].values()
-                            if v.get("seconds")])
-        ]  # fmt: skip
-        if spent:
-            print(f"  long-context eval wall time (lm-eval's): {', '.join(spent)}")
+    ruler_lines = ruler_table(rows)
+    if ruler_lines is not None:
+        print(
+            "RULER (lm-eval), share of prompts fully right, per task and length "
+            "(prompts):"
+        )
+        print(ruler_lines)
+    for row in rows[1:]:
+        tested = long_context_tests(row, rows[0])
+        if tested and tested["paired"]:
+            print(f"  {row['pool']} against {rows[0]['pool']} on the same prompts:")
+            for test in tested["tests"].values():
+                print(f"    {_test_name(test)}: {_paired_note(test)}")
+    for line in eval_cost(rows, options.workload):
+        print(f"  {line}")
     if any(row["gsm8k"] is not None for row in rows):
         print(f"  ({GSM8K_BLIND})")
     for pool, why in verdict["excluded"].items():

@@ -27,7 +27,7 @@
 REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
 OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL LONG_EVAL_LENGTHS LONG_EVAL_DOCS
-    EVAL_TASK EVAL_INCLUDE_PATH
+    RULER_TASKS RULER_EVAL_DOCS LOGPROB_EVAL_LENGTHS LOGPROB_EVAL_DOCS EVAL_TASK EVAL_INCLUDE_PATH
     GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S
     POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN LM_EVAL_BIN)
 
@@ -38,10 +38,24 @@ DEFAULT_POOL_LINE_TIMEOUT_S=60
 DEFAULT_VLLM_BIN=vllm
 DEFAULT_CHECK_BIN=vllm-minimax-m3-kv
 DEFAULT_LM_EVAL_BIN=lm_eval
-# The long-context retrieval eval's context lengths (tokens, capped by
-# MAX_MODEL_LEN) and prompts per length.
+# The long-context context lengths (tokens, capped by MAX_MODEL_LEN) and the
+# pass-code retrieval prompts per length: a smoke check for broken serving.
 DEFAULT_LONG_EVAL_LENGTHS="4096 16384 32768 65536 131072"
-DEFAULT_LONG_EVAL_DOCS=400
+DEFAULT_LONG_EVAL_DOCS=30
+# lm-eval's RULER tasks that build their prompts offline (no essay haystack,
+# no nltk data), at the standard lengths among LONG_EVAL_LENGTHS that fit.
+DEFAULT_RULER_TASKS="niah_multikey_2 niah_multikey_3 ruler_vt"
+OFFLINE_RULER_TASKS=" niah_single_1 niah_multikey_2 niah_multikey_3 ruler_vt ruler_cwe ruler_fwe "
+# Prompts per RULER task and length: 200 (600 a length, tasks pooled) flags a
+# 3-point drop at the two longest lengths in about 95% of runs (docs/deploying.md).
+DEFAULT_RULER_EVAL_DOCS=200
+# The teacher-forced log-prob pass: document lengths and documents per length.
+DEFAULT_LOGPROB_EVAL_LENGTHS="32768 65536 131072"
+DEFAULT_LOGPROB_EVAL_DOCS=32
+# RUN_EVAL=quick: every eval, a few prompts each (a smoke check, no power).
+QUICK_LONG_EVAL_DOCS=10
+QUICK_RULER_EVAL_DOCS=10
+QUICK_LOGPROB_EVAL_DOCS=4
 
 VLLM_BIN="${VLLM_BIN:-$DEFAULT_VLLM_BIN}"
 CHECK_BIN="${CHECK_BIN:-$DEFAULT_CHECK_BIN}"
@@ -64,6 +78,8 @@ MIXED_LINE='MiniMax-M3 KV pool: mixed precision \(.*\); every one of [0-9]+ work
 POOL_LINE_TIMEOUT_S="${POOL_LINE_TIMEOUT_S:-$DEFAULT_POOL_LINE_TIMEOUT_S}"
 COMPARE_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_compare.py"
 LONG_EVAL_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_longctx.py"
+RULER_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_ruler.py"
+LOGPROB_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_logprobs.py"
 # Set in each per-pool run that KV_PRECISION=compare starts.
 COMPARE_CHILD="${MINIMAXM3_COMPARE_CHILD:-}"
 
@@ -97,9 +113,15 @@ optional environment (default):
   COMPARE_POOLS           pools KV_PRECISION=compare runs, the first is the reference (${DEFAULT_COMPARE_POOLS})
   MODEL_PATH              local checkpoint served and judged instead of MODEL (unset)
   PP                      pipeline parallel size (unset)
-  RUN_EVAL                true|false (1|0): lm-eval long-context retrieval, then gsm8k, after the benchmark (false)
-  LONG_EVAL_LENGTHS       its context lengths in tokens, those that fit MAX_MODEL_LEN (${DEFAULT_LONG_EVAL_LENGTHS})
-  LONG_EVAL_DOCS          its prompts per length; 30 is a smoke check (${DEFAULT_LONG_EVAL_DOCS})
+  RUN_EVAL                true|false (1|0)|quick: after the benchmark, the long-context evals (pass-code
+                          retrieval, RULER, teacher-forced log-probs), then gsm8k; quick: a few
+                          prompts each, a smoke check (false)
+  LONG_EVAL_LENGTHS       retrieval and RULER lengths in tokens, those that fit MAX_MODEL_LEN (${DEFAULT_LONG_EVAL_LENGTHS})
+  LONG_EVAL_DOCS          pass-code retrieval prompts per length, a smoke check (${DEFAULT_LONG_EVAL_DOCS}; quick ${QUICK_LONG_EVAL_DOCS})
+  RULER_TASKS             lm-eval RULER tasks, of:${OFFLINE_RULER_TASKS}(${DEFAULT_RULER_TASKS})
+  RULER_EVAL_DOCS         prompts per RULER task and length (${DEFAULT_RULER_EVAL_DOCS}; quick ${QUICK_RULER_EVAL_DOCS})
+  LOGPROB_EVAL_LENGTHS    teacher-forced document lengths, those that fit MAX_MODEL_LEN (${DEFAULT_LOGPROB_EVAL_LENGTHS})
+  LOGPROB_EVAL_DOCS       documents per length, each scored twice (${DEFAULT_LOGPROB_EVAL_DOCS}; quick ${QUICK_LOGPROB_EVAL_DOCS})
   EVAL_TASK               the short-context sanity task, scored by strict match (gsm8k)
   EVAL_INCLUDE_PATH       lm-eval --include_path, for a task of your own (unset)
   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (unset: vLLM's default, as the public recipe)
@@ -179,25 +201,47 @@ require_inputs() {
     if ((${#missing[@]})); then
         usage_error "set these environment variables: ${missing[*]}"
     fi
-    for name in DP_ATTENTION RUN_EVAL; do
-        if [[ -n "${!name:-}" ]] && ! is_boolean "${!name}"; then
-            usage_error "${name}=${!name} is not one of: true false 1 0"
-        fi
-    done
+    if [[ -n "${DP_ATTENTION:-}" ]] && ! is_boolean "$DP_ATTENTION"; then
+        usage_error "DP_ATTENTION=${DP_ATTENTION} is not one of: true false 1 0"
+    fi
+    if [[ -n "${RUN_EVAL:-}" && "$RUN_EVAL" != quick ]] && ! is_boolean "$RUN_EVAL"; then
+        usage_error "RUN_EVAL=${RUN_EVAL} is not one of: true false 1 0 quick"
+    fi
     if run_eval; then
         long_eval_tasks >/dev/null
-        [[ "${LONG_EVAL_DOCS:-$DEFAULT_LONG_EVAL_DOCS}" =~ ^[1-9][0-9]*$ ]] ||
-            usage_error "LONG_EVAL_DOCS=${LONG_EVAL_DOCS} is not a positive number"
+        for name in LONG_EVAL_DOCS RULER_EVAL_DOCS LOGPROB_EVAL_DOCS; do
+            [[ -z "${!name:-}" || "${!name}" =~ ^[1-9][0-9]*$ ]] ||
+                usage_error "${name}=${!name} is not a positive number"
+        done
+        local task ruler_tasks
+        read -r -a ruler_tasks <<<"${RULER_TASKS-$DEFAULT_RULER_TASKS}"
+        for task in "${ruler_tasks[@]}"; do
+            [[ "$OFFLINE_RULER_TASKS" == *" $task "* ]] ||
+                usage_error "RULER_TASKS has ${task}; each is one of:${OFFLINE_RULER_TASKS}(the others need a hub download)"
+        done
     fi
     if run_eval && [[ "$dry_run" != true ]] && ! command -v "$LM_EVAL_BIN" >/dev/null 2>&1; then
         echo "error: RUN_EVAL=${RUN_EVAL} needs ${LM_EVAL_BIN} on PATH;" \
-            "install it with: pip install 'lm-eval[api]' (or unset RUN_EVAL)" >&2
+            "install it with: pip install 'lm-eval[api,ruler]' (or unset RUN_EVAL)" >&2
         exit 64
     fi
 }
 
 run_eval() {
-    is_true "${RUN_EVAL:-false}"
+    [[ "${RUN_EVAL:-}" == quick ]] || is_true "${RUN_EVAL:-false}"
+}
+
+eval_docs() {
+    # Prompts (documents) per length for one eval: the operator's value, else
+    # RUN_EVAL=quick's, else the default.
+    local name="$1" quick="QUICK_$1" default="DEFAULT_$1"
+    if [[ -n "${!name:-}" ]]; then
+        echo "${!name}"
+    elif [[ "${RUN_EVAL:-}" == quick ]]; then
+        echo "${!quick}"
+    else
+        echo "${!default}"
+    fi
 }
 
 long_eval_tasks() {
@@ -206,6 +250,49 @@ long_eval_tasks() {
     python3 "$LONG_EVAL_HELPER" tasks \
         --lengths "${LONG_EVAL_LENGTHS:-$DEFAULT_LONG_EVAL_LENGTHS}" \
         --max-model-len "$MAX_MODEL_LEN" || exit 64
+}
+
+ruler_lengths() {
+    # RULER's standard lengths among LONG_EVAL_LENGTHS that fit; none: the
+    # helper's reason on stderr and nothing on stdout.
+    [[ -n "${RULER_TASKS-$DEFAULT_RULER_TASKS}" ]] || return 0
+    python3 "$RULER_HELPER" lengths \
+        --lengths "${LONG_EVAL_LENGTHS:-$DEFAULT_LONG_EVAL_LENGTHS}" \
+        --max-model-len "$MAX_MODEL_LEN" || true
+}
+
+logprob_lengths() {
+    python3 "$LOGPROB_HELPER" lengths \
+        --lengths "${LOGPROB_EVAL_LENGTHS:-$DEFAULT_LOGPROB_EVAL_LENGTHS}" \
+        --max-model-len "$MAX_MODEL_LEN" || true
+}
+
+shell_words() {
+    # The words as a shell reads them back: a word with characters the shell
+    # would interpret (a JSON argument) is single-quoted, so a printed command
+    # runs as printed.
+    local word quoted=()
+    for word in "$@"; do
+        if [[ "$word" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then
+            quoted+=("$word")
+        else
+            quoted+=("'${word//\'/\'\\\'\'}'")
+        fi
+    done
+    echo "${quoted[*]}"
+}
+
+ruler_cmd() {
+    # RULER_CMD: lm-eval's RULER tasks at one length. RULER builds its own
+    # prompts, sized by the served checkpoint's tokenizer; one lm-eval run per
+    # length so that --limit takes that many prompts at each.
+    local length="$1" tasks
+    tasks="$(tr -s ' ' ',' <<<"${RULER_TASKS-$DEFAULT_RULER_TASKS}")"
+    RULER_CMD=("$LM_EVAL_BIN" --model local-completions --tasks "$tasks"
+        --model_args "$EVAL_MODEL_ARGS"
+        --metadata "{\"max_seq_lengths\":[${length}],\"tokenizer\":\"${SERVED_MODEL}\"}"
+        --limit "$(eval_docs RULER_EVAL_DOCS)"
+        --output_path "$RESULT_DIR/eval_ruler/${length}" --log_samples)
 }
 
 precision_choice() {
@@ -328,9 +415,9 @@ build_commands() {
     # tokenizer_backend=none: lm-eval sends text and needs no tokenizer of its
     # own (else it asks /tokenizer_info, which vllm serve answers only with
     # --enable-tokenizer-info-endpoint, then imports transformers).
-    local model_args="model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False,tokenizer_backend=none"
+    EVAL_MODEL_ARGS="model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False,tokenizer_backend=none"
     EVAL_CMD=("$LM_EVAL_BIN" --model local-completions --tasks "${EVAL_TASK:-gsm8k}"
-        --model_args "$model_args" --output_path "$RESULT_DIR/eval")
+        --model_args "$EVAL_MODEL_ARGS" --output_path "$RESULT_DIR/eval")
     [[ -z "${EVAL_INCLUDE_PATH:-}" ]] || EVAL_CMD+=(--include_path "$EVAL_INCLUDE_PATH")
     # The long-context tasks are built against the running server (its
     # tokenizer sizes each prompt), then run like any include-path task.
@@ -338,16 +425,24 @@ build_commands() {
         --max-model-len "$MAX_MODEL_LEN")
     LONG_EVAL_BUILD_CMD=(python3 "$LONG_EVAL_HELPER" build "${lengths[@]}"
         --port "$PORT" --model "$SERVED_MODEL"
-        --docs "${LONG_EVAL_DOCS:-$DEFAULT_LONG_EVAL_DOCS}"
+        --docs "$(eval_docs LONG_EVAL_DOCS)"
         --out-dir "$RESULT_DIR/long_context")
-    LONG_EVAL_CMD=()
+    LONG_EVAL_CMD=() RULER_LENGTHS=() LOGPROB_CMD=()
     if run_eval; then
-        local tasks
+        local tasks fit
         tasks="$(long_eval_tasks)"
         # --log_samples: each prompt's outcome, which the paired rule compares.
         LONG_EVAL_CMD=("$LM_EVAL_BIN" --model local-completions --tasks "$tasks"
-            --model_args "$model_args" --include_path "$RESULT_DIR/long_context"
+            --model_args "$EVAL_MODEL_ARGS" --include_path "$RESULT_DIR/long_context"
             --output_path "$RESULT_DIR/eval_long_context" --log_samples)
+        read -r -a RULER_LENGTHS <<<"$(ruler_lengths 2>/dev/null)"
+        fit="$(logprob_lengths 2>/dev/null)"
+        [[ -z "$fit" ]] ||
+            LOGPROB_CMD=(python3 "$LOGPROB_HELPER" run --port "$PORT"
+                --model "$SERVED_MODEL" --lengths "$fit"
+                --max-model-len "$MAX_MODEL_LEN"
+                --docs "$(eval_docs LOGPROB_EVAL_DOCS)"
+                --out "$RESULT_DIR/logprobs.json")
     fi
     PROBE_CMD=(python3 "$COMPARE_HELPER" probe --port "$PORT"
         --model "$SERVED_MODEL" --max-model-len "$MAX_MODEL_LEN"
@@ -570,7 +665,7 @@ compare_pools() {
         fi
         done_pools+=("$pool")
     done
-    echo "== compare report: ${report_cmd[*]}"
+    echo "== compare report: $(shell_words "${report_cmd[@]}")"
     if [[ "${1:-}" == --dry-run ]]; then
         echo "== dry run: nothing started"
         return 0
@@ -608,20 +703,40 @@ minimaxm3_main() {
     printf '  %s\n' "${TARGET_ENV[@]}" "${PRECISION_ENV[@]}"
     [[ -z "${HIP_VISIBLE_DEVICES:-}" ]] || echo "  HIP_VISIBLE_DEVICES=$HIP_VISIBLE_DEVICES"
     echo "== serve"
-    echo "  ${SERVE_CMD[*]}"
+    echo "  $(shell_words "${SERVE_CMD[@]}")"
     if [[ -n "$COMPARE_CHILD" ]]; then
         echo "== agreement probe"
-        echo "  ${PROBE_CMD[*]}"
+        echo "  $(shell_words "${PROBE_CMD[@]}")"
     fi
     echo "== bench"
-    echo "  ${BENCH_CMD[*]}"
+    echo "  $(shell_words "${BENCH_CMD[@]}")"
     if run_eval; then
-        echo "== eval: long-context retrieval (what the index cache decides), then gsm8k"
-        echo "  ${LONG_EVAL_BUILD_CMD[*]}"
-        echo "  ${LONG_EVAL_CMD[*]}"
-        echo "  ${EVAL_CMD[*]}"
+        echo "== eval: long context (what the index cache decides), then gsm8k"
+        echo "  pass-code retrieval (a smoke check for breakage):"
+        echo "  $(shell_words "${LONG_EVAL_BUILD_CMD[@]}")"
+        echo "  $(shell_words "${LONG_EVAL_CMD[@]}")"
+        if ((${#RULER_LENGTHS[@]})); then
+            echo "  RULER (multi-key needles, variable tracking), one lm-eval run per length:"
+            local length
+            for length in "${RULER_LENGTHS[@]}"; do
+                ruler_cmd "$length"
+                echo "  $(shell_words "${RULER_CMD[@]}")"
+            done
+        elif [[ -z "${RULER_TASKS-$DEFAULT_RULER_TASKS}" ]]; then
+            echo "  RULER: not run (RULER_TASKS is empty)"
+        else
+            echo "  not run: $(ruler_lengths 2>&1)"
+        fi
+        if ((${#LOGPROB_CMD[@]})); then
+            echo "  teacher-forced log-probs (each document scored twice: the rerun is the noise floor):"
+            echo "  $(shell_words "${LOGPROB_CMD[@]}")"
+        else
+            echo "  not run: $(logprob_lengths 2>&1)"
+        fi
+        echo "  short-context sanity check:"
+        echo "  $(shell_words "${EVAL_CMD[@]}")"
     fi
-    echo "== preflight: ${CHECK_CMD[*]}"
+    echo "== preflight: $(shell_words "${CHECK_CMD[@]}")"
     [[ -z "$CHECK_MODEL_NOTE" ]] || echo "  ($CHECK_MODEL_NOTE)"
     local verdict=0
     "${CHECK_CMD[@]}" || verdict=$?
@@ -666,6 +781,17 @@ minimaxm3_main() {
         "${LONG_EVAL_BUILD_CMD[@]}" >/dev/null ||
             fail_with_log "building the long-context eval failed (exit $?)"
         "${LONG_EVAL_CMD[@]}" || fail_with_log "lm-eval long-context retrieval failed (exit $?)"
+        local length
+        for length in "${RULER_LENGTHS[@]}"; do
+            echo "== RULER at ${length} tokens"
+            ruler_cmd "$length"
+            "${RULER_CMD[@]}" || fail_with_log "lm-eval RULER at ${length} tokens failed (exit $?)"
+        done
+        if ((${#LOGPROB_CMD[@]})); then
+            echo "== teacher-forced log-probs"
+            "${LOGPROB_CMD[@]}" || fail_with_log "the teacher-forced log-prob pass failed (exit $?)"
+        fi
+        echo "== short-context sanity check: ${EVAL_TASK:-gsm8k}"
         "${EVAL_CMD[@]}" || fail_with_log "lm-eval ${EVAL_TASK:-gsm8k} failed (exit $?)"
     fi
     echo "== results in $RESULT_DIR/$RESULT_FILENAME"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -26,12 +27,16 @@ NO_PREFLIGHT = {"CHECK_BIN": "true"}
 
 
 def compare(tmp_path, pools: dict, script=MI355X, *args, **env):
+    # Eight teacher-forced documents a length keep the stand-in runs short.
     values = inputs(
         tmp_path,
-        KV_PRECISION="compare",
-        STANDIN_POOLS=json.dumps(pools),
-        RUN_EVAL="1",
-        **env,
+        **{
+            "KV_PRECISION": "compare",
+            "STANDIN_POOLS": json.dumps(pools),
+            "RUN_EVAL": "1",
+            "LOGPROB_EVAL_DOCS": "8",
+            **env,
+        },
     )
     return run_script(script, values, *args, with_eval=True)
 
@@ -187,11 +192,14 @@ def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
     )
     assert "| 3,033,088 | 0.9480 (0.0060) | 40/40 | 40/40 | 100.0% |" in out
     assert decision(out) == (
-        "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs stock; long-context"
-        " retrieval not lower on the same prompts at 4,096, 8,176 tokens (paired, Holm"
-        " at 0.05; the smallest drop this run could flag: 1.5 points); gsm8k 0.9480 vs"
-        " 0.9500 (within 1.96 standard errors; short context only); first tokens"
-        " close on 40/40 prompts; 1.32x KV tokens"
+        "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs stock; long context"
+        " not worse on the same prompts: pass-code retrieval at 4,096, 8,176 tokens;"
+        " RULER at 4,096 tokens; teacher-forced log-probs at 8,191 tokens (paired,"
+        " Holm at 0.05 over 4 tests; the smallest drop this run could flag: pass-code"
+        " retrieval 23.3 points; RULER 1.2 points; log-probs a loss over the noise"
+        " floor + 0.01 nats a recall token); gsm8k 0.9480 vs 0.9500 (within 1.96"
+        " standard errors; short context only); first tokens close on 40/40 prompts;"
+        " 1.32x KV tokens"
     )
     saved = report(tmp_path)
     assert saved["decision"]["run"] == "fp8"
@@ -238,7 +246,9 @@ def test_long_context_retrieval_decides_where_gsm8k_cannot_see(tmp_path):
             "long_context": {"4096": 0.9, "16384": 0.6},
         },
     }
-    proc = compare(tmp_path, pools, MAX_MODEL_LEN="20000", **NO_PREFLIGHT)
+    proc = compare(
+        tmp_path, pools, MAX_MODEL_LEN="20000", LONG_EVAL_DOCS="400", **NO_PREFLIGHT
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert (
@@ -249,15 +259,18 @@ def test_long_context_retrieval_decides_where_gsm8k_cannot_see(tmp_path):
     assert "| pool | 4,096 tokens | 16,384 tokens | 19,984 tokens |" in out
     assert "| fp8 | 0.90 (0.05) | 0.60 (0.05) | 0.90 (0.05) |" in out
     assert "cannot see the index cache's precision" in out
-    # Paired: the same 400 prompts per length, each pool's outcome on each.
+    # Paired: the same 400 prompts per length, each pool's outcome on each;
+    # one family with RULER (2 lengths) and the teacher-forced pass (1).
     assert (
-        "fp8 against stock on the same prompts: 4,096 tokens lost 0, gained 0 of 400,"
-        " p = 1; 16,384 tokens lost 132, gained 0 of 400, p = 1.8e-40"
+        "  fp8 against stock on the same prompts:\n"
+        "    pass-code retrieval at 4,096 tokens: lost 0, gained 0 of 400, p = 1\n"
+        "    pass-code retrieval at 16,384 tokens: lost 132, gained 0 of 400, "
+        "p = 1.8e-40\n"
     ) in out
     assert (
-        "fp8 not eligible: long-context retrieval lower on the same prompts (paired, "
-        "Holm at 0.05 over 3 lengths) at 16,384 tokens (lost 132, gained 0 of 400, "
-        "p = 1.8e-40)"
+        "fp8 not eligible: long context worse on the same prompts (paired, Holm at "
+        "0.05 over 6 tests): pass-code retrieval at 16,384 tokens (lost 132, gained 0 "
+        "of 400, p = 1.8e-40)\n"
     ) in out
     assert decision(out).startswith("decision: run KV_PRECISION=stock")
     saved = report(tmp_path)["pools"]
@@ -276,17 +289,92 @@ def test_long_context_retrieval_decides_where_gsm8k_cannot_see(tmp_path):
     ]
 
 
-def test_dry_run_shows_the_long_context_eval_then_gsm8k_for_each_pool(tmp_path):
-    values = inputs(tmp_path, KV_PRECISION="compare", RUN_EVAL="1", **NO_PREFLIGHT)
+def test_ruler_and_the_teacher_forced_pass_each_rule_a_pool_out(tmp_path):
+    # Pass-code retrieval the same in both; fp8 loses RULER prompts at 16,384
+    # only, and 0.05 nats on every token past the indexer's 2,048.
+    pools = {
+        "stock": {"ruler": {"4096": 0.95, "16384": 0.93}},
+        "fp8": {
+            "output_throughput": 1300.0,
+            "ruler": {"4096": 0.95, "16384": 0.85},
+            "logprob_loss": 0.05,
+        },
+    }
+    proc = compare(tmp_path, pools, MAX_MODEL_LEN="20000", **NO_PREFLIGHT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    # 200 prompts per task, three tasks, paired task by task and prompt by
+    # prompt: 16 lost in each task at 16,384, none at 4,096.
+    assert "    RULER at 4,096 tokens: lost 0, gained 0 of 600, p = 1\n" in out
+    assert (
+        "fp8 not eligible: long context worse on the same prompts (paired, Holm at "
+        "0.05 over 6 tests): RULER at 16,384 tokens (lost 48, gained 0 of 600, "
+        "p = 3.6e-15); teacher-forced log-probs at 19,999 tokens (+0.050 nats a "
+        "recall token [+0.050, +0.050] over 8 documents, noise 0.000, KL >= "
+    ) in out
+    assert "pass-code retrieval at 16,384 tokens (" not in out.split("not eligible")[1]
+    assert decision(out).startswith("decision: run KV_PRECISION=stock")
+    saved = report(tmp_path)["pools"]
+    assert saved[1]["ruler"]["ruler_vt"]["16384"]["accuracy"] == 0.85
+    assert saved[1]["logprobs"]["19999"]["docs"] == 8
+
+
+def _command(line: str) -> dict[str, str]:
+    """A printed command's options, read as the shell reads the line."""
+    words = shlex.split(line)
+    return {
+        word: value
+        for word, value in zip(words, [*words[1:], ""], strict=True)
+        if word.startswith("--")
+    }
+
+
+@pytest.mark.parametrize(
+    ("isl", "conc", "max_model_len", "longest"),
+    [("1024", "4", "8192", "8191"), ("8192", "64", "16384", "16383")],
+)
+@pytest.mark.parametrize(
+    ("run_eval", "docs"), [("1", ("30", "200", "32")), ("quick", ("10", "10", "4"))]
+)
+def test_dry_run_shows_every_long_context_eval_then_gsm8k_for_each_pool(
+    tmp_path, isl, conc, max_model_len, longest, run_eval, docs
+):
+    values = inputs(
+        tmp_path, KV_PRECISION="compare", RUN_EVAL=run_eval, ISL=isl, CONC=conc,
+        MAX_MODEL_LEN=max_model_len, **NO_PREFLIGHT,
+    )  # fmt: skip
     proc = run_script(MI355X, values, "--dry-run")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for pool, text in sections(proc.stdout).items():
-        evals = text.split("== eval: long-context retrieval", 1)[1].splitlines()[1:4]
-        assert "minimaxm3_longctx.py build --lengths" in evals[0], (pool, evals)
-        tasks = "minimax_m3_needles_4096,minimax_m3_needles_8176"
-        assert f"--tasks {tasks} " in evals[1], (pool, evals)
-        assert f"results/{pool}/long_context " in evals[1], (pool, evals)
-        assert "--tasks gsm8k " in evals[2], (pool, evals)
+    needles, ruler, logprobs = docs
+    runs = sections(proc.stdout)
+    assert list(runs) == ["stock", "fp8"]
+    for pool, text in runs.items():
+        evals = text.split("== eval: long context", 1)[1].split("== preflight")[0]
+        lines = [line for line in evals.splitlines() if line.startswith("  ")]
+        build, lm_eval = _command(lines[1]), _command(lines[2])
+        assert "minimaxm3_longctx.py build" in lines[1], (pool, lines)
+        assert build["--docs"] == needles
+        assert lm_eval["--tasks"].startswith("minimax_m3_needles_4096,")
+        # RULER at 4,096 (the standard length that fits), its JSON metadata
+        # quoted so that the line runs as printed; the same prompts per pool.
+        assert lines[3].startswith("  RULER (multi-key needles, variable tracking)")
+        rulers = _command(lines[4])
+        assert rulers["--tasks"] == "niah_multikey_2,niah_multikey_3,ruler_vt"
+        assert json.loads(rulers["--metadata"]) == {
+            "max_seq_lengths": [4096],
+            "tokenizer": "MiniMaxAI/MiniMax-M3",
+        }
+        assert rulers["--limit"] == ruler
+        assert rulers["--output_path"].endswith(f"results/{pool}/eval_ruler/4096")
+        assert "--log_samples" in rulers
+        # The teacher-forced pass at the longest document that fits.
+        assert lines[5].startswith("  teacher-forced log-probs")
+        scored = _command(lines[6])
+        assert "minimaxm3_logprobs.py run" in lines[6]
+        assert (scored["--lengths"], scored["--docs"]) == (longest, logprobs)
+        assert scored["--out"].endswith(f"results/{pool}/logprobs.json")
+        assert lines[7] == "  short-context sanity check:"
+        assert _command(lines[8])["--tasks"] == "gsm8k"
 
 
 def test_a_context_too_short_to_reach_the_index_cache_is_refused_first(tmp_path):

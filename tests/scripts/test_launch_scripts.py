@@ -454,7 +454,8 @@ def test_help_lists_every_input_with_its_default(script):
     listed = {
         line.split()[0]
         for line in proc.stdout.split("set for vllm serve")[0].splitlines()
-        if line.startswith("  ") and line.strip()
+        # An input's line; its description's continuation lines are indented.
+        if line.startswith("  ") and line[2:3].strip()
     }
     every = _library_array("REQUIRED_VARS") + _library_array("OPTIONAL_VARS")
     assert "POOL_LINE_TIMEOUT_S" in every and "CHECK_BIN" in every
@@ -467,7 +468,9 @@ def test_help_lists_every_input_with_its_default(script):
         ("HEALTH_TIMEOUT_S", "1800"),
         ("POOL_LINE_TIMEOUT_S", "60"),
         ("LONG_EVAL_LENGTHS", "4096 16384 32768 65536 131072"),
-        ("LONG_EVAL_DOCS", "400"),
+        ("LONG_EVAL_DOCS", "30; quick 10"),
+        ("RULER_EVAL_DOCS", "200; quick 10"),
+        ("LOGPROB_EVAL_DOCS", "32; quick 4"),
     ):
         line = next(
             line for line in proc.stdout.splitlines() if line.split()[:1] == [name]
@@ -513,14 +516,21 @@ def test_a_replaced_environment_value_is_said(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("DP_ATTENTION", "yes"), ("RUN_EVAL", "on")]
+    ("name", "value", "choices"),
+    [
+        ("DP_ATTENTION", "yes", "true false 1 0"),
+        ("DP_ATTENTION", "quick", "true false 1 0"),
+        ("RUN_EVAL", "on", "true false 1 0 quick"),
+    ],
 )
-def test_booleans_accept_true_false_1_0_and_nothing_else(tmp_path, name, value):
+def test_booleans_accept_true_false_1_0_and_nothing_else(
+    tmp_path, name, value, choices
+):
     proc = run_script(
         "minimaxm3_fp8_b300.sh", inputs(tmp_path, **{name: value}), "--dry-run"
     )
     assert proc.returncode == 64
-    assert f"error: {name}={value} is not one of: true false 1 0" in proc.stderr
+    assert f"error: {name}={value} is not one of: {choices}" in proc.stderr
     dp = run_script(
         "minimaxm3_fp8_b300.sh",
         inputs(tmp_path, DP_ATTENTION="1", **PREFLIGHT_PASSES),

@@ -3,8 +3,13 @@ bench serve` and real lm-eval, against a test server built from vLLM's own
 protocol classes (``protocol_server.py``), serving a checkpoint whose
 tokenizer is denser than the probe's estimate (one token per character), so
 every long-context prompt's length in tokens is its length in characters.
-The fp8 pool's server answers pass codes wrongly past 2,000 tokens: a model
-whose retrieval fails only at long context, which gsm8k cannot show."""
+lm-eval's own RULER tasks build their prompts offline with that tokenizer
+(``ruler_vt`` is left out: its builder never finishes with one token a
+character), and the teacher-forced pass reads vLLM's ``prompt_logprobs``
+shape. The fp8 pool's server answers pass codes and RULER questions wrongly
+in prompts past 3,100 tokens, and scores prompt tokens past position 3,100
+half a nat lower: a model that fails only at long context, which gsm8k
+cannot show."""
 
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ QUESTIONS = [
     ]
 ]
 EVAL_TASK = "gsm8k_local"
-FP8_RECALLS = 2_000
+FP8_RECALLS = 3_100
 
 
 def char_tokenizer_checkpoint(folder: Path) -> Path:
@@ -132,11 +137,18 @@ def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
         MODEL_PATH=str(checkpoint),
         # Long probe prompts are estimated at 2.5 characters a token; this
         # tokenizer takes one a character, so only /tokenize keeps them in.
-        MAX_MODEL_LEN="4096",
-        # 8192 does not fit: the longest that does (4080) takes its place.
-        LONG_EVAL_LENGTHS="1024 3000 8192",
-        # Enough that the paired rule can flag a length (2^-8 < 0.05 / 3).
+        # RULER at 4,096 needs its answer room past it.
+        MAX_MODEL_LEN="4400",
+        # 8192 does not fit: the longest that does (4384) takes its place.
+        # RULER runs at the standard length among them that fits (4096).
+        LONG_EVAL_LENGTHS="1024 3000 4096 8192",
+        # Enough that the paired rule can flag a test (2^-8 < 0.05 / 8).
         LONG_EVAL_DOCS="8",
+        RULER_EVAL_DOCS="8",
+        RULER_TASKS="niah_multikey_2 niah_multikey_3",
+        # 8192 does not fit: 4399 (the document and one token) does.
+        LOGPROB_EVAL_LENGTHS="3000 8192",
+        LOGPROB_EVAL_DOCS="8",
         PROTOCOL_SERVER_RECALLS=f"fp8:{FP8_RECALLS}",
         ISL="64",
         OSL="8",
@@ -173,7 +185,7 @@ def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
         built = results / pool / "long_context"
         (long_file,) = (results / pool / "eval_long_context").glob("**/results_*.json")
         written = json.loads(long_file.read_text())["results"]
-        assert sorted(row["long_context"], key=int) == ["1024", "3000", "4080"]
+        assert sorted(row["long_context"], key=int) == ["1024", "3000", "4096", "4384"]
         for length, found in row["long_context"].items():
             task = written[f"minimax_m3_needles_{length}"]
             assert found["accuracy"] == pytest.approx(task["exact_match,pass-code"])
@@ -204,13 +216,44 @@ def test_compare_with_real_bench_and_lm_eval_against_vllms_protocol(tmp_path):
                 pool,
                 length,
             )
+        # RULER: lm-eval's own tasks and scorer, 8 prompts a task at 4,096.
+        (ruler_file,) = (results / pool / "eval_ruler" / "4096").glob(
+            "**/results_*.json"
+        )
+        ruler_results = json.loads(ruler_file.read_text())["results"]
+        assert sorted(row["ruler"]) == ["niah_multikey_2", "niah_multikey_3"]
+        for task, found in row["ruler"].items():
+            assert found["4096"]["docs"] == 8
+            assert found["4096"]["accuracy"] == pytest.approx(
+                ruler_results[task]["4096,none"]
+            )
+            assert found["4096"]["accuracy"] == (0.0 if pool == "fp8" else 1.0)
+        # The teacher-forced pass: vLLM's prompt_logprobs shape, read back.
+        scored = json.loads((results / pool / "logprobs.json").read_text())
+        assert sorted(scored["lengths"], key=int) == ["3000", "4399"]
+        for length, docs in scored["lengths"].items():
+            assert len(docs) == 8
+            for doc in docs:
+                # At most the length, at least 97% of it or two records
+                # short (a record is at most 85 of this tokenizer's tokens).
+                assert doc["tokens"] <= int(length)
+                assert doc["tokens"] >= min(0.97 * int(length), int(length) - 170)
+                assert len(doc["runs"]) == 2 and doc["runs"][0] == doc["runs"][1]
     assert rows["fp8"]["agreement"]["prompts"] == 40
     # Paired on the same prompts: flagged past the length the server recalls,
-    # not below it.
+    # not below it, in every kind of test.
+    out = proc.stdout
     assert (
-        "fp8 not eligible: long-context retrieval lower on the same prompts (paired, "
-        "Holm at 0.05 over 3 lengths) at 3,000 tokens (lost 8, gained 0 of 8, "
-        "p = 0.0039), 4,080 tokens (lost 8, gained 0 of 8, p = 0.0039)"
-    ) in proc.stdout
-    assert "1,024 tokens lost 0, gained 0 of 8, p = 1" in proc.stdout
-    assert "decision: run KV_PRECISION=stock" in proc.stdout
+        "fp8 not eligible: long context worse on the same prompts (paired, Holm at "
+        "0.05 over 7 tests): pass-code retrieval at 4,096 tokens (lost 8, gained 0 "
+        "of 8, p = 0.0039); pass-code retrieval at 4,384 tokens (lost 8, gained 0 of "
+        "8, p = 0.0039); RULER at 4,096 tokens (lost 16, gained 0 of 16, p = 1.5e-05);"
+        " teacher-forced log-probs at 4,399 tokens (+"
+    ) in out
+    for below in (
+        "pass-code retrieval at 1,024 tokens: lost 0, gained 0 of 8, p = 1",
+        "pass-code retrieval at 3,000 tokens: lost 0, gained 0 of 8, p = 1",
+        "teacher-forced log-probs at 3,000 tokens: +0.000 nats a recall token",
+    ):
+        assert below in out, below
+    assert "decision: run KV_PRECISION=stock" in out
