@@ -59,6 +59,7 @@ FAST: dict[str, frozenset[str] | None] = {
     "tests/test_package_shape.py": None,
     "tests/test_envs.py": None,
     "tests/scripts/test_paired_rule.py": None,
+    "tests/scripts/test_long_context_evals.py": None,
     "tests/entrypoints/test_check_commands.py": frozenset(
         {
             "test_continuations_join_and_comments_and_blanks_are_skipped",
