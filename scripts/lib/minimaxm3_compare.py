@@ -19,7 +19,6 @@ import math
 import re
 import sys
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import minimaxm3_logprobs as teacher_forced
 import minimaxm3_paired as paired_rule
 import minimaxm3_ruler as ruler
-from minimaxm3_longctx import INDEXER_KEEPS
+from minimaxm3_longctx import INDEXER_KEEPS, post_json
 from minimaxm3_longctx import scores as long_context_scores
 
 PROBE_FILE = "agreement.json"
@@ -144,13 +143,7 @@ def _complete(base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
 
 
 def _post(base_url: str, path: str, body: dict) -> dict:
-    request = urllib.request.Request(
-        f"{base_url}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=600) as response:
-        return json.loads(response.read())
+    return post_json(base_url, path, body)
 
 
 def _refusal(error: urllib.error.HTTPError) -> str:

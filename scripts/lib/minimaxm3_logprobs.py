@@ -36,13 +36,12 @@ import random
 import sys
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import minimaxm3_paired as paired_rule
-from minimaxm3_longctx import INDEXER_KEEPS, fitting_lengths
+from minimaxm3_longctx import INDEXER_KEEPS, fitting_lengths, post_json
 
 DEFAULT_LENGTHS = (32_768, 65_536, 131_072)
 DEFAULT_DOCS = 32
@@ -127,13 +126,8 @@ def lengths_that_fit(lengths: list[int], max_model_len: int) -> list[int]:
 
 
 def _post(base_url: str, path: str, body: dict) -> Any:
-    request = urllib.request.Request(
-        f"{base_url}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=1800) as reply:
-        return json.loads(reply.read())
+    # A whole document's prompt log-probs: up to 128K positions to score.
+    return post_json(base_url, path, body, timeout=1800)
 
 
 def scored(

@@ -205,16 +205,23 @@ def build(
     return written
 
 
+def post_json(base_url: str, path: str, body: dict, timeout: float = 600) -> Any:
+    """One JSON request to the served model's API and its JSON reply (the
+    helpers here share it)."""
+    request = urllib.request.Request(
+        f"{base_url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return json.loads(reply.read())
+
+
 def _tokenizer_of(port: str, model: str) -> Callable[[str], int]:
     def count_tokens(prompt: str) -> int:
         # The served tokenizer, as vLLM counts a prompt against max_model_len.
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/tokenize",
-            data=json.dumps({"model": model, "prompt": prompt}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=600) as reply:
-            return int(json.loads(reply.read())["count"])
+        body = {"model": model, "prompt": prompt}
+        return int(post_json(f"http://127.0.0.1:{port}", "/tokenize", body)["count"])
 
     return count_tokens
 
