@@ -15,6 +15,8 @@ CI wiring (``.buildkite/``) is checked against that release in
 
 from __future__ import annotations
 
+import ast
+import collections
 import hashlib
 import os
 import re
@@ -157,14 +159,51 @@ def build(workdir: Path, patches: tuple[Path, ...] = PATCHES) -> Overlay:
     )
 
 
-def test_files(patches: tuple[Path, ...]) -> list[str]:
-    """The test modules the patches add or change, relative to ``tests/``."""
-    return [
-        path.removeprefix("tests/")
-        for patch in patches
-        for path in touched_paths(patch)
-        if re.fullmatch(r"tests/.*/test_\w+\.py", path)
-    ]
+def test_files(patches: tuple[Path, ...], tests: Path) -> list[str]:
+    """The patches' tests, relative to ``tests/`` (the tree
+    :func:`vllm_test_tree` made): a module a patch adds whole; in a module it
+    changes, only the tests whose lines it adds or changes (vLLM's own tests
+    there are its CI's, and many need a GPU)."""
+    selected: list[str] = []
+    for patch in patches:
+        for path, exists in touched_paths(patch).items():
+            if not re.fullmatch(r"tests/.*/test_\w+\.py", path):
+                continue
+            module = path.removeprefix("tests/")
+            if not exists:
+                selected.append(module)
+                continue
+            added = added_line_numbers(patch)[path]
+            source = (tests / module).read_text(encoding="utf-8")
+            selected += [
+                f"{module}::{node.name}"
+                for node in ast.parse(source).body
+                if isinstance(node, ast.FunctionDef)
+                and node.name.startswith("test_")
+                and added & set(range(_first_line(node), node.end_lineno + 1))
+            ]
+    return selected
+
+
+def _first_line(node: ast.FunctionDef) -> int:
+    return min([node.lineno, *(d.lineno for d in node.decorator_list)])
+
+
+def added_line_numbers(patch: Path) -> dict[str, set[int]]:
+    """Per file the patch writes, the line numbers it adds (new file's)."""
+    added: dict[str, set[int]] = collections.defaultdict(set)
+    current, number = "", 0
+    for line in patch.read_text(encoding="utf-8").splitlines():
+        if line.startswith("+++ b/"):
+            current = line.removeprefix("+++ b/")
+        elif hunk := re.match(r"@@ -\S+ \+(\d+)", line):
+            number = int(hunk.group(1))
+        elif line.startswith("+"):
+            added[current].add(number)
+            number += 1
+        elif not line.startswith(("-", "\\", "diff ", "index ", "new file", "---")):
+            number += 1
+    return added
 
 
 def _own_copy(root: Path, path: str, source: Path) -> None:

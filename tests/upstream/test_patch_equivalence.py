@@ -105,23 +105,6 @@ def _added_lines(patch: Path, under: str) -> list[str]:
     return added
 
 
-def _added_line_numbers(patch: Path) -> dict[str, set[int]]:
-    """Per file the patch writes, the line numbers it adds (new file's)."""
-    added: dict[str, set[int]] = collections.defaultdict(set)
-    current, number = "", 0
-    for line in patch.read_text().splitlines():
-        if line.startswith("+++ b/"):
-            current = line.removeprefix("+++ b/")
-        elif hunk := re.match(r"@@ -\S+ \+(\d+)", line):
-            number = int(hunk.group(1))
-        elif line.startswith("+"):
-            added[current].add(number)
-            number += 1
-        elif not line.startswith(("-", "\\", "diff ", "index ", "new file", "---")):
-            number += 1
-    return added
-
-
 def _docstring_lines(source: str) -> set[int]:
     """Lines of string-only statements: module, class, function and
     attribute docstrings."""
@@ -139,7 +122,7 @@ def code_lines(patch: Path, tree: Path, under: str = "vllm/") -> list[str]:
     """Lines ``patch`` adds under ``under`` in the patched ``tree``, less
     comments, blank lines and docstrings."""
     code = []
-    for path, numbers in _added_line_numbers(patch).items():
+    for path, numbers in overlay.added_line_numbers(patch).items():
         if not path.startswith(under):
             continue
         source = (tree / path).read_text()
@@ -157,7 +140,8 @@ PR_CODE_BUDGET = {"01-": 55, "03-": 25, "04-": 20}
 (issue #41): PR 1 moved the aiter-kernel check into the ROCm gate and scoped
 the hook (47); PR 3 became a per-layer helper asked at three sites (21).
 Round 5 (issue #52): PR 1's CUDA branch asks model build's own MSA condition
-through a helper both share (54)."""
+through a helper both share (53); PR 4's MTP check defers fp8 to the
+selection the draft layers make (14)."""
 
 
 @pytest.mark.parametrize("patch", overlay.PATCHES, ids=lambda p: p.name[:2])
@@ -210,7 +194,8 @@ def test_pr1s_tests_fix_their_expectations_instead_of_asking_the_gate():
 # Simulated GPUs each PR's own tests run on (one process each), as its CI
 # steps run them: PR 1 in the B200 step and the MI355 step (with the AITER
 # variables it sets), PR 3 in vLLM's CPU config step (here on B200: this
-# machine's vLLM is the CUDA wheel).
+# machine's vLLM is the CUDA wheel) and the B200 MiniMax-M3 step (its layer
+# test; on MI355X too, for the ROCm model's hunk).
 OWN_TEST_HARDWARE = {
     "pr1": [
         {"SIM_HARDWARE": "b200"},
@@ -220,7 +205,7 @@ OWN_TEST_HARDWARE = {
             "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",
         },
     ],
-    "pr3": [{"SIM_HARDWARE": "b200"}],
+    "pr3": [{"SIM_HARDWARE": "b200"}, {"SIM_HARDWARE": "mi355x"}],
     # The MI355 Miscellaneous Kernels step (no AITER variables).
     "pr4": [{"SIM_HARDWARE": "mi355x"}],
 }
@@ -229,9 +214,11 @@ OWN_TESTS_PASSED = {
     # the two GPU tests skip on B200, the GPU tests on MI355X.
     ("pr1", "b200"): (15, 8),
     ("pr1", "mi355x"): (19, 4),
-    ("pr3", "b200"): (5, 0),
-    # The kernel cases need a GPU; the selection case runs.
-    ("pr4", "mi355x"): (1, 3),
+    ("pr3", "b200"): (7, 0),
+    ("pr3", "mi355x"): (7, 0),
+    # The kernel cases (6 decode shapes, 2 prefill, CUDA's mixed pair) need a
+    # GPU; the selection and MTP-drafter build cases run.
+    ("pr4", "mi355x"): (2, 9),
 }
 """(passed, skipped) per series and simulated GPU."""
 FAILS_ON_STOCK = {
@@ -239,9 +226,12 @@ FAILS_ON_STOCK = {
         "test_auto_follows_an_fp8_kv_cache",
         "test_the_mtp_drafter_gets_the_same_index_cache",
     },
-    # A new function: on stock the module does not import (no test runs).
-    "pr3": set(),
-    "pr4": {"test_rocm_gfx950_selects_the_triton_indexer_for_an_fp8_index_cache"},
+    # The layer test; the config module does not import (its helper is new).
+    "pr3": {"test_sparse_layer_applies_the_checkpoints_kv_cache_scheme"},
+    "pr4": {
+        "test_rocm_gfx950_selects_the_triton_indexer_for_an_fp8_index_cache",
+        "test_rocm_gfx950_mtp_drafter_builds_the_triton_indexer_on_fp8",
+    },
 }
 FAILS_ON_STOCK_WITH = {
     "pr1": "AssertionError",
@@ -278,7 +268,10 @@ def _pytest_in_child(
             # Each failure's assertion, without vLLM's captured log lines.
             "--tb=short",
             "--show-capture=no",
-            *overlay.test_files(patched.patches),
+            # On stock, PR 3's config module does not import; its layer test
+            # still runs.
+            "--continue-on-collection-errors",
+            *overlay.test_files(patched.patches, tests),
         ],
         env,
         timeout=600,
@@ -329,6 +322,51 @@ def test_patch_unit_tests_fail_on_stock_vllm(series, request, vllm_source):
 
 def _failed(output: str) -> list[str]:
     return re.findall(r"FAILED \S+::(\S+)", output)
+
+
+def _without(patch: Path, prefix: str) -> str:
+    """``patch`` less its diffs of the files under ``prefix``."""
+    sections = re.split(r"(?m)^(?=diff --git )", patch.read_text(encoding="utf-8"))
+    return "".join(s for s in sections if not s.startswith(f"diff --git a/{prefix}"))
+
+
+WITHOUT_THE_MODEL_HUNKS = {
+    # Round 4's PR 3 test asked the helper alone and passed with the
+    # MiniMax-M3 hunks reverted; the layer test sees them.
+    "pr3": (
+        "vllm/models/minimax_m3/",
+        "b200",
+        "test_sparse_layer_applies_the_checkpoints_kv_cache_scheme",
+        "assert 'auto' == 'fp8'",
+    ),
+    # Round 4's PR 4 had no test for its MTP hunk.
+    "pr4": (
+        "vllm/models/minimax_m3/amd/mtp.py",
+        "mi355x",
+        "test_rocm_gfx950_mtp_drafter_builds_the_triton_indexer_on_fp8",
+        "NotImplementedError: MiniMax M3 MTP could not select the MSA indexer",
+    ),
+}
+
+
+@pytest.mark.parametrize("series", sorted(WITHOUT_THE_MODEL_HUNKS))
+def test_each_model_hunk_has_a_test_that_fails_without_it(
+    series, tmp_path, vllm_source
+):
+    """With the rest of the PR applied and these model files as on 0.33,
+    exactly the test of those hunks fails, on what they change."""
+    prefix, hardware, test, error = WITHOUT_THE_MODEL_HUNKS[series]
+    (patch,) = SERIES[series]
+    partial = tmp_path / patch.name
+    partial.write_text(_without(patch, prefix), encoding="utf-8")
+    assert any(path.startswith(prefix) for path in overlay.touched_paths(patch))
+    assert not any(p.startswith(prefix) for p in overlay.touched_paths(partial))
+    patched = overlay.build(tmp_path / "tree", (partial,))
+    env = {**overlay.child_env(patched), "SIM_HARDWARE": hardware}
+    returncode, output = _pytest_in_child(series, patched, vllm_source, env)
+    failed = {re.sub(r"\[.*", "", name) for name in _failed(output)}
+    assert returncode != 0 and failed == {test}, output
+    assert error in output, output
 
 
 @pytest.fixture(scope="module")

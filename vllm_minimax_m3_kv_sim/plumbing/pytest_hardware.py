@@ -25,3 +25,9 @@ def pytest_load_initial_conftests(
     # initial conftests (the hook's later implementation).
     if platform := os.environ.get("SIM_HARDWARE"):
         simulate(platform, os.environ.get("SIM_AITER", "msa"))
+        import vllm.model_executor.layers.fused_moe.runner.shared_experts as shared
+
+        # The GPU's side stream for MoE shared experts (a torch.cuda.Stream):
+        # this machine has none, and a model built on the meta device never
+        # runs on it. As vllm_minimax_m3_kv_sim.engine.build_model does.
+        shared.aux_stream = lambda: None
