@@ -48,3 +48,32 @@ def test_gfx942_is_still_refused_and_the_message_says_where_fp8_runs(envs):
     assert built["error"]["message"] == (
         "indexer_kv_dtype='fp8' requires CUDA fp8 support or ROCm gfx950."
     )
+
+
+def test_pr4s_kernel_cases_pass_on_rocms_scorers_at_every_serving_shape(
+    tmp_path_factory,
+):
+    """The cases vLLM's MI355 step would run, on gfx950's scorers under
+    Triton's interpreter: heads 1 and 4 by decode query length 1 of 1, 1 of 2
+    and 2 of 2, and prefill at heads 1 and 4 (round 4 ran one shape)."""
+    from tests.upstream import precommit
+    from vllm_minimax_m3_kv_sim.kernels import kernel_env
+
+    pr4 = overlay.build(tmp_path_factory.mktemp("pr4_kernels"), overlay.PR4)
+    tests = overlay.vllm_test_tree(pr4, precommit.pristine_source())
+    result = json_from_out_file(
+        ["-m", "tests.upstream.pr4_kernel_cases", "--tests", str(tests)],
+        {**overlay.child_env(pr4), **kernel_env()},
+        timeout=1800,
+    )
+    assert result["scorers"] == "vllm.models.minimax_m3.amd.ops.index_topk"
+    decode = "test_fp8_index_query_and_cache_decode_topk_matches_bf16"
+    prefill = "test_fp8_index_query_and_cache_prefill_topk_matches_bf16"
+    assert result["cases"] == {
+        **{
+            f"{decode}[h{heads}-q{q_len}of{max_q_len}]": "passed"
+            for heads in (1, 4)
+            for q_len, max_q_len in ((1, 1), (1, 2), (2, 2))
+        },
+        **{f"{prefill}[{heads}]": "passed" for heads in (1, 4)},
+    }
