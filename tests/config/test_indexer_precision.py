@@ -8,6 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.reliability.fix_reader import read_fix_line
 from vllm_minimax_m3_kv.config.indexer_precision import decide
 from vllm_minimax_m3_kv.config.pool_facts import (
     MSA_MAX_BLOCKS_PER_ROW,
@@ -16,9 +17,14 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     PrecisionFacts,
     SparseShape,
 )
-from vllm_minimax_m3_kv.config.refusals import MIXED_POOL_HAZARD
 from vllm_minimax_m3_kv.config.stock_vllm import bf16_pool_vllm_cannot_build
-from vllm_minimax_m3_kv.config.verdicts import Fix, Outcome, facts_with_fix, fixed_facts
+from vllm_minimax_m3_kv.config.verdicts import (
+    MIXED_POOL_HAZARD,
+    Fix,
+    Outcome,
+    facts_with_fix,
+    fixed_facts,
+)
 from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
 
 MI355X = PlatformFacts(
@@ -386,9 +392,9 @@ def test_every_error_has_a_fix(case):
 
 @given(facts_space)
 def test_every_fix_line_reads_back_as_the_fix_it_renders(case):
-    # What a user pastes is what the matrix applies: Fix.parse inverts render.
+    # What a user pastes is what the matrix applies: its reader inverts render.
     for fix in decide(case).fixes:
-        assert Fix.parse(fix.render()) == fix, fix.render()
+        assert read_fix_line(fix.render()) == fix, fix.render()
 
 
 @given(facts_space)

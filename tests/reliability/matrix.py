@@ -54,10 +54,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.reliability.covering import pairwise_rows
+from tests.reliability.fix_reader import read_fix_line
 from vllm_minimax_m3_kv.config.verdicts import (
     AITER_MSA_REQUIREMENT,
     AITER_REQUIREMENT,
-    Fix,
 )
 from vllm_minimax_m3_kv_sim import engine as sim
 from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA
@@ -693,7 +693,7 @@ def parse_fixes(message: str) -> list[dict[str, Any]]:
             "requires": list(fix.requires),
             "without": list(fix.without),
         }
-        for fix in map(Fix.parse, lines)
+        for fix in map(read_fix_line, lines)
     ]
 
 

@@ -42,7 +42,6 @@ from vllm_minimax_m3_kv.config.pool_facts import (
 )
 from vllm_minimax_m3_kv.config.refusals import (
     FIRST_LINE_ROOM,
-    OPT_IN_NEEDS,
     bf16_fix,
     bf16_indexer_needs,
     bf16_main_flags,
@@ -55,7 +54,6 @@ from vllm_minimax_m3_kv.config.refusals import (
     mixed_fix,
     refusal,
     why_no_fp8_indexer,
-    with_line,
 )
 from vllm_minimax_m3_kv.config.verdicts import (
     Fix,
@@ -336,13 +334,11 @@ def _with_drafter_matched(facts: PrecisionFacts, verdict: Verdict) -> Verdict:
         return replace(fix, flags=(*fix.flags, (DRAFT_KV_CACHE_DTYPE_FLAG, kv)))
 
     why = _drafter_mismatch(facts)
-    reason = (
-        verdict.reason
-        if why is None
-        else with_line(verdict.reason, f"Also, {why}.", mixed_pool=True)
-    )
+    refused = verdict.refusal
+    if why is not None and refused is not None:
+        refused = refused.with_also(why)
     return replace(
-        verdict, reason=reason, fixes=tuple(matched(fix) for fix in verdict.fixes)
+        verdict, refusal=refused, fixes=tuple(matched(fix) for fix in verdict.fixes)
     )
 
 
@@ -359,11 +355,16 @@ def _with_skipped_layers_dropped(facts: PrecisionFacts, verdict: Verdict) -> Ver
             return fix
         return replace(fix, without=(*fix.without, SKIP_LAYERS_FLAG))
 
-    reason = verdict.reason
+    refused = verdict.refusal
     why = _skipped_layers(facts)
-    if why is not None and SKIP_LAYERS_FLAG not in reason:
-        reason = with_line(reason, f"Also, {why}.", mixed_pool=True)
-    return replace(verdict, reason=reason, fixes=tuple(map(dropped, verdict.fixes)))
+    # Unless the refusal is itself about the skipped layers.
+    if (
+        why is not None
+        and refused is not None
+        and not refused.cannot_run.startswith(SKIP_LAYERS_FLAG)
+    ):
+        refused = refused.with_also(why)
+    return replace(verdict, refusal=refused, fixes=tuple(map(dropped, verdict.fixes)))
 
 
 def _ignored_skips(facts: PrecisionFacts) -> tuple[str, ...]:
@@ -386,13 +387,11 @@ def _accept_mixed(facts: PrecisionFacts, refusal: Verdict, indexer: str) -> Verd
     )
     if flags or env:
         blocked = mixed_fix(facts)
-        assert blocked is not None
+        assert blocked is not None and refusal.refusal is not None
+        needs = " ".join([f"{k}={v}" for k, v in env] + [f"{f} {v}" for f, v in flags])
         return replace(
             refusal,
-            reason=refusal.reason
-            + f"\n{OPT_IN_NEEDS}"
-            + " ".join([f"{k}={v}" for k, v in env] + [f"{f} {v}" for f, v in flags])
-            + " here.",
+            refusal=replace(refusal.refusal, opt_in_needs=needs),
             fixes=(blocked, *(f for f in refusal.fixes if f != blocked)),
         )
     main = facts.main_cache_precision

@@ -15,6 +15,7 @@ from vllm_minimax_m3_kv.config.pool_facts import (
 from vllm_minimax_m3_kv.config.verdicts import (
     Fix,
     Outcome,
+    Refusal,
     Verdict,
 )
 from vllm_minimax_m3_kv.config.vllm_gates import (
@@ -39,19 +40,13 @@ def kv_origin(facts: PrecisionFacts, in_full: bool = False) -> str:
     )
 
 
+def asked(facts: PrecisionFacts) -> str:
+    """What was asked, as a refusal's first line says it."""
+    return f"{kv_origin(facts)}, with indexer_kv_dtype={facts.indexer_kv_dtype!r}"
+
+
 def describe_request(facts: PrecisionFacts) -> str:
-    return (
-        f"{kv_origin(facts)}, with indexer_kv_dtype="
-        f"{facts.indexer_kv_dtype!r} on {facts.platform.name}"
-    )
-
-
-MIXED_POOL_HAZARD = (
-    "vLLM 0.33 calls such a pool mixed: every worker builds a KV block zeroer "
-    "its scheduler never asks to run, so reused blocks reach the attention "
-    "kernels as they were (docs/mixed-pools.md)."
-)
-"""Said once, on its own line, by every refusal whose pool would be mixed."""
+    return f"{asked(facts)} on {facts.platform.name}"
 
 
 def why_no_fp8_indexer(indexers: Fp8Indexers) -> str:
@@ -61,21 +56,6 @@ def why_no_fp8_indexer(indexers: Fp8Indexers) -> str:
 FIRST_LINE_ROOM = 150
 """Characters a refusal's first line leaves for what was asked and what
 cannot run (it stays under about 200 with the prefix and a dtype name)."""
-
-
-OPT_IN_NEEDS = f"{ALLOW_MIXED_ENV}=1 keeps the bf16 indexer, which needs "
-
-
-def with_line(reason: str, line: str, mixed_pool: bool = False) -> str:
-    """``reason`` with ``line`` added after its causes, and the mixed-pool
-    hazard last, once, where ``mixed_pool`` (or the reason already has it)."""
-    lines = [part for part in reason.split("\n") if part != MIXED_POOL_HAZARD]
-    # What the opt-in would need stays last, after the hazard it accepts.
-    opt_in = [part for part in lines if part.startswith(OPT_IN_NEEDS)]
-    lines = [part for part in lines if part not in opt_in] + [line]
-    if mixed_pool or MIXED_POOL_HAZARD in reason:
-        lines.append(MIXED_POOL_HAZARD)
-    return "\n".join(lines + opt_in)
 
 
 def fp8_fixes(
@@ -197,20 +177,19 @@ def refusal(
 ) -> Verdict:
     """A refusal: first what was asked, where, and what cannot run (one short
     line), then why, then the mixed-pool hazard where the pool would be mixed."""
-    reason = f"MiniMax-M3 KV precision: {describe_request(facts)}: {what}."
-    if facts.kv_from_checkpoint:
-        # The first line names it briefly; here where it came from.
-        origin = kv_origin(facts, in_full=True)
-        reason = with_line(reason, f"{origin[0].upper()}{origin[1:]}.")
-    if because:
-        reason = with_line(reason, f"Because {because}.")
-    if mixed_pool:
-        reason = with_line(reason, MIXED_POOL_HAZARD)
     return Verdict(
         Outcome.ERROR,
         facts.indexer_kv_dtype,
-        reason,
-        tuple(fix for fix in fixes if fix is not None),
+        fixes=tuple(fix for fix in fixes if fix is not None),
+        refusal=Refusal(
+            asked=asked(facts),
+            where=facts.platform.name,
+            cannot_run=what,
+            # The first line names it briefly; here where it came from.
+            origin=kv_origin(facts, in_full=True) if facts.kv_from_checkpoint else "",
+            because=because,
+            mixed_pool=mixed_pool,
+        ),
     )
 
 

@@ -17,12 +17,13 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     PrecisionFacts,
 )
 from vllm_minimax_m3_kv.config.refusals import (
+    asked,
     bf16_fix,
-    describe_request,
 )
 from vllm_minimax_m3_kv.config.verdicts import (
     Fix,
     Outcome,
+    Refusal,
     Verdict,
     fixed_facts,
 )
@@ -79,9 +80,15 @@ def bf16_pool_vllm_cannot_build(facts: PrecisionFacts) -> Verdict | None:
     return Verdict(
         Outcome.ERROR,
         facts.indexer_kv_dtype,
-        f"{VLLM_CANNOT_BUILD}: {describe_request(facts)}, both caches bf16.\n"
-        f"Because {'; and '.join(reasons)}.",
         fixes=tuple(fixes),
+        refusal=Refusal(
+            asked=asked(facts),
+            where=facts.platform.name,
+            cannot_run="both caches bf16",
+            because="; and ".join(reasons),
+            speaker=VLLM_CANNOT_BUILD,
+            joiner=", ",
+        ),
     )
 
 

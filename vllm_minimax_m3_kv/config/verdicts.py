@@ -37,8 +37,7 @@ class Outcome(enum.Enum):
     ERROR = "error"
 
 
-# How a rendered fix line's comment lists what no flag sets; Fix.parse reads
-# them back.
+# How a rendered fix line's comment lists what no flag sets.
 _NOTE_SEPARATOR = "; "
 _REMOVES = "remove "
 _REMOVES_END = " from the command"
@@ -77,38 +76,67 @@ class Fix:
         comment = f"# {_NOTE_SEPARATOR.join(notes)}"
         return f"{' '.join(words)}  {comment}" if words else comment
 
-    @classmethod
-    def parse(cls, line: str) -> Fix:
-        """The fix a rendered line states, as a user reads it: the inverse of
-        :meth:`render` (a summary holding ``"; "`` does not round-trip)."""
-        command, _, comment = f" {line.strip()}".partition(" # ")
-        summary, *notes = comment.split(_NOTE_SEPARATOR)
-        words = iter(shlex.split(command))
-        env: list[tuple[str, str]] = []
-        flags: list[tuple[str, str]] = []
-        for word in words:
-            if word.startswith("--"):
-                flags.append((word, next(words)))
-            else:
-                name, _, value = word.partition("=")
-                env.append((name, value))
-        return cls(
-            summary,
-            flags=tuple(flags),
-            env=tuple(env),
-            requires=tuple(
-                n.removeprefix(_NEEDS) for n in notes if n.startswith(_NEEDS)
-            ),
-            without=tuple(
-                n.removeprefix(_REMOVES).removesuffix(_REMOVES_END)
-                for n in notes
-                if n.startswith(_REMOVES)
-            ),
-        )
-
     @property
     def env_map(self) -> Mapping[str, str]:
         return dict(self.env)
+
+
+MIXED_POOL_HAZARD = (
+    "vLLM 0.33 calls such a pool mixed: every worker builds a KV block zeroer "
+    "its scheduler never asks to run, so reused blocks reach the attention "
+    "kernels as they were (docs/mixed-pools.md)."
+)
+"""Said once, on its own line, by every refusal whose pool would be mixed."""
+
+OPT_IN_NEEDS = f"{ALLOW_MIXED_ENV}=1 keeps the bf16 indexer, which needs "
+
+POLICY_SPEAKER = "MiniMax-M3 KV precision"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a command cannot start, in parts; :attr:`lines` is how it reads:
+    what was asked, where, and what cannot run (one short line), then where
+    the KV dtype came from, why, what else is wrong, the mixed-pool hazard,
+    and what the explicit opt-in would still need."""
+
+    asked: str
+    """The request, e.g. ``--kv-cache-dtype fp8, with indexer_kv_dtype='auto'``."""
+    where: str
+    """The machine it was asked on (the platform's name)."""
+    cannot_run: str
+    origin: str = ""
+    """Where the main cache dtype came from, in full, if not from a flag."""
+    because: str = ""
+    also: tuple[str, ...] = ()
+    """Other mismatches in the same command (the drafter's, skipped layers)."""
+    mixed_pool: bool = False
+    """The pool would be mixed: the hazard is said once, after the causes."""
+    opt_in_needs: str = ""
+    """What ``ALLOW_MIXED=1`` would still need here, as variables and flags."""
+    speaker: str = POLICY_SPEAKER
+    joiner: str = ": "
+    """Between the request and what cannot run on the first line."""
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        first = f"{self.speaker}: {self.asked} on {self.where}"
+        lines = [f"{first}{self.joiner}{self.cannot_run}."]
+        if self.origin:
+            lines.append(f"{self.origin[0].upper()}{self.origin[1:]}.")
+        if self.because:
+            lines.append(f"Because {self.because}.")
+        lines += [f"Also, {why}." for why in self.also]
+        if self.mixed_pool:
+            lines.append(MIXED_POOL_HAZARD)
+        # What the opt-in would need stays last, after the hazard it accepts.
+        if self.opt_in_needs:
+            lines.append(f"{OPT_IN_NEEDS}{self.opt_in_needs} here.")
+        return tuple(lines)
+
+    def with_also(self, why: str) -> Refusal:
+        """This refusal with another mismatch, which mixes the pool too."""
+        return replace(self, also=(*self.also, why), mixed_pool=True)
 
 
 @dataclass(frozen=True)
@@ -116,13 +144,16 @@ class Verdict:
     outcome: Outcome
     indexer_kv_dtype: str
     """The value vLLM should run with; equal to the request unless inherited."""
-    reason: str
+    summary: str = ""
+    """What runs, in a few words (a start's verdict; a refusal has :attr:`refusal`)."""
     fixes: tuple[Fix, ...] = ()
     notes: tuple[str, ...] = ()
     """Warnings that do not stop the start (e.g. a skip request vLLM ignores)."""
     fp8_indexer: str | None = None
     """Which indexer runs the fp8 index cache, where the platform has more
     than one (``ROCM_TRITON_INDEXER`` or ``ROCM_MSA_INDEXER``)."""
+    refusal: Refusal | None = None
+    """Why it cannot start (``Outcome.ERROR`` only)."""
 
     @property
     def uniform(self) -> bool:
@@ -131,6 +162,12 @@ class Verdict:
     @property
     def starts(self) -> bool:
         return self.outcome is not Outcome.ERROR
+
+    @property
+    def reason(self) -> str:
+        if self.refusal is not None:
+            return "\n".join(self.refusal.lines)
+        return self.summary
 
     @property
     def message(self) -> str:
