@@ -8,7 +8,7 @@
 - :mod:`.plan`: the plan and its rows.
 - :mod:`.pool`: the plan from the decision's facts and verdict.
 - :mod:`.run`: :func:`run_check`, one command's result object, each fix
-  applied to the command (``entrypoints/fixed_commands.py``, shared with
+  applied to the command (``verdict_text.py``, shared with
   ``vllm serve``'s refusal).
 - :mod:`.batch`: ``--commands FILE``, one row per command, via ``run_check``.
 - :mod:`.main`: the command line that prints it all.

@@ -36,7 +36,7 @@ from vllm_minimax_m3_kv.entrypoints.check.run import (
     prepare_process,
     run_check,
 )
-from vllm_minimax_m3_kv.entrypoints.fixed_commands import FIXED_COMMANDS_HEADING
+from vllm_minimax_m3_kv.verdict_text import refusal_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,11 +78,8 @@ def stderr_text(result: CheckResult) -> str:
         return ""
     lines = []
     if plan.outcome == Outcome.ERROR.value:
-        lines.append(plan.message)
         commands = [fix["command"] for fix in plan.fixes if "command" in fix]
-        if commands:
-            lines.append(FIXED_COMMANDS_HEADING)
-            lines += [f"  {command}" for command in commands]
+        lines.append(refusal_text(plan.message, commands))
     elif plan.outcome == Outcome.MIXED.value:
         lines.append(f"warning: {plan.message}")
     lines += [f"warning: {note}" for note in plan.notes]

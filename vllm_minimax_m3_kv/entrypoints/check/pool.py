@@ -18,8 +18,8 @@ from vllm_minimax_m3_kv.config.stock_vllm import bf16_pool_vllm_cannot_build, st
 from vllm_minimax_m3_kv.config.verdicts import Fix, Outcome, Verdict, facts_with_fix
 from vllm_minimax_m3_kv.entrypoints.check.early import versions_line
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
-from vllm_minimax_m3_kv.entrypoints.fixed_commands import fix_edits
 from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
+from vllm_minimax_m3_kv.verdict_text import fix_edits
 
 ZEROER_NOT_BUILT = "not built"
 

@@ -37,12 +37,12 @@ from vllm_minimax_m3_kv.entrypoints.check.judge import (
     require_a_gpu_here,
 )
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
-from vllm_minimax_m3_kv.entrypoints.fixed_commands import (
+from vllm_minimax_m3_kv.entrypoints.serve_flags import known_group_help
+from vllm_minimax_m3_kv.verdict_text import (
     arity_of,
     command_env,
     fixed_command,
 )
-from vllm_minimax_m3_kv.entrypoints.serve_flags import known_group_help
 
 
 @dataclass(frozen=True)

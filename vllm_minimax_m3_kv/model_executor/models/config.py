@@ -24,15 +24,9 @@ class IndexerPrecisionError(ValueError):
     """A MiniMax-M3 KV precision mismatch no default can resolve."""
 
     def __init__(self, verdict: Verdict, fixed_commands: Sequence[str] = ()) -> None:
-        message = verdict.message
-        if fixed_commands:
-            from vllm_minimax_m3_kv.entrypoints.fixed_commands import (
-                FIXED_COMMANDS_HEADING,
-            )
+        from vllm_minimax_m3_kv.verdict_text import refusal_text
 
-            lines = [FIXED_COMMANDS_HEADING, *(f"  {c}" for c in fixed_commands)]
-            message += "\n" + "\n".join(lines)
-        super().__init__(message)
+        super().__init__(refusal_text(verdict.message, fixed_commands))
         self.verdict = verdict
         self.fixed_commands = tuple(fixed_commands)
 
@@ -52,7 +46,7 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
         logger.warning_once(note)
     if verdict.outcome is Outcome.ERROR:
         # Under `vllm serve`, each fix also as the whole command, as it runs.
-        from vllm_minimax_m3_kv.entrypoints.fixed_commands import fixed_serve_commands
+        from vllm_minimax_m3_kv.verdict_text import fixed_serve_commands
 
         raise IndexerPrecisionError(verdict, fixed_serve_commands(verdict.fixes))
     resolve_kv_cache_dtype_before_model_build(vllm_config, facts)

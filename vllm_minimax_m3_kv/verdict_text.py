@@ -1,4 +1,8 @@
-"""A refusal's fixes as whole ``vllm serve`` commands that run as printed.
+"""How a verdict reads, in one place: a refusal as the ``ValueError`` the
+live hook raises and ``check`` prints (:func:`refusal_text`), each fix as the
+edits ``check --json`` gives (:func:`fix_edits`), and each fix as a whole
+``vllm serve`` command that runs as printed. Imported by the live hook and by
+the CLI alike, and imports neither.
 
 A fix is a set of edits (variables, flags to set, flags to drop); pasted on
 its own, ``VAR=1  # ...`` sets an unexported shell variable and ``--flag v``
@@ -174,6 +178,18 @@ def arity_of(parser: argparse.ArgumentParser) -> Callable[[str], int | None]:
         return nargs if isinstance(nargs, int) else None
 
     return arity
+
+
+def refusal_text(message: str, fixed_commands: Sequence[str] = ()) -> str:
+    """A refusal with its fixes (``message``), then each fix as the whole
+    command, where the command is known."""
+    lines = [message]
+    if fixed_commands:
+        lines += [
+            FIXED_COMMANDS_HEADING,
+            *(f"  {command}" for command in fixed_commands),
+        ]
+    return "\n".join(lines)
 
 
 def fix_edits(fix: Fix) -> dict[str, Any]:
