@@ -212,3 +212,43 @@ def test_the_plugins_names_are_declared_once_and_copied_where_they_must_be():
     bench = (REPO / "scripts" / "lib" / "minimaxm3_fp8_bench.sh").read_text()
     assert f"DEFAULT_CHECK_BIN={DISTRIBUTION}\n" in bench
     assert not re.search(rf"(?<!\w){PLUGIN_ENTRY_POINT}\b", bench)
+
+
+def test_nothing_outside_entrypoints_imports_from_it():
+    # The live hook renders its refusal through verdict_text, not the CLI;
+    # only ``python -m``'s __main__ starts the CLI.
+    entrypoints = f"{PACKAGE}.entrypoints"
+    inward = [
+        (name, target)
+        for name, targets in import_graph().items()
+        if not name.startswith(entrypoints) and name != f"{PACKAGE}.__main__"
+        for target in targets
+        if target.startswith(entrypoints)
+    ]
+    assert not inward
+
+
+def test_the_policy_builds_refusals_as_values_not_text():
+    # No module of config/ splits a message back into lines, and reading a
+    # rendered fix back is the reliability matrix's own (tests/reliability).
+    from vllm_minimax_m3_kv.config.verdicts import Fix
+
+    splitting = [
+        (path.name, node.lineno)
+        for path in (REPO / PACKAGE / "config").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and (
+            node.func.attr == "splitlines"
+            or (
+                node.func.attr in ("split", "partition", "rsplit")
+                and any(
+                    isinstance(arg, ast.Constant) and arg.value == "\n"
+                    for arg in node.args
+                )
+            )
+        )
+    ]
+    assert not splitting
+    assert not hasattr(Fix, "parse")
