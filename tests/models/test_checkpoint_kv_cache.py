@@ -138,7 +138,6 @@ def plugin_refusal(result: dict) -> str:
     return error["message"]
 
 
-@pytest.mark.slow
 def test_stock_mixes_what_the_checkpoint_declares(mi355x_stock):
     # The failure the resolver exists for: stock's config says auto, model
     # build makes the dense layers fp8 beside a bf16 index cache; a stage
@@ -156,7 +155,6 @@ def test_stock_mixes_what_the_checkpoint_declares(mi355x_stock):
     assert precisions(main) == {*FP8_POOL, ("torch.bfloat16", "NONE")}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["ct", "ct_sparse_first", "ct_explicit_auto"])
 def test_checkpoint_fp8_kv_cache_is_inherited_and_uniform(mi355x, scenario):
     result = mi355x[scenario]
@@ -165,7 +163,6 @@ def test_checkpoint_fp8_kv_cache_is_inherited_and_uniform(mi355x, scenario):
     assert result["indexer_impls"] == ["MiniMaxM3IndexerMSAImpl"]
 
 
-@pytest.mark.slow
 def test_explicit_fp8_indexer_beside_a_checkpoint_fp8_cache_is_uniform(
     mi355x, mi355x_stock
 ):
@@ -176,7 +173,6 @@ def test_explicit_fp8_indexer_beside_a_checkpoint_fp8_cache_is_uniform(
     assert stock["pp1"]["workers"] == [True] and stock["pp1"]["scheduler"] is False
 
 
-@pytest.mark.slow
 def test_checkpoint_fp8_on_the_public_recipe_runs_vllms_triton_indexer(mi355x):
     # AITER unset: the declared fp8 cache and an inherited fp8 index cache.
     result = mi355x["ct_public_recipe"]
@@ -184,7 +180,6 @@ def test_checkpoint_fp8_on_the_public_recipe_runs_vllms_triton_indexer(mi355x):
     assert_uniform_fp8(result)
 
 
-@pytest.mark.slow
 def test_checkpoint_fp8_beside_a_bf16_indexer_is_refused_with_working_fixes(
     mi355x,
 ):
@@ -201,7 +196,6 @@ def test_checkpoint_fp8_beside_a_bf16_indexer_is_refused_with_working_fixes(
     assert not any(bf16["pp1"]["workers"]) and not bf16["pp1"]["scheduler"]
 
 
-@pytest.mark.slow
 def test_opt_in_runs_the_checkpoint_fp8_cache_mixed_with_zeroing(mi355x):
     result = mi355x["ct_opt_in"]
     assert result["kv_cache_dtype"] == "fp8"
@@ -210,7 +204,6 @@ def test_opt_in_runs_the_checkpoint_fp8_cache_mixed_with_zeroing(mi355x):
         assert all(plan["workers"]) and plan["scheduler"] is True, (split, plan)
 
 
-@pytest.mark.slow
 def test_planning_warns_when_the_pool_is_not_the_predicted_one(mi355x):
     # Stage 0's specs from a node without the plugin (its sparse layers built
     # bf16 before the first dense layer): the decision predicted one fp8
@@ -224,13 +217,11 @@ def test_planning_warns_when_the_pool_is_not_the_predicted_one(mi355x):
     assert "every one of 2 workers and the scheduler zero" in warning
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["modelopt", "ct"])
 def test_sm100_checkpoint_fp8_kv_cache_is_uniform(sm100, scenario):
     assert_uniform_fp8(sm100[scenario])
 
 
-@pytest.mark.slow
 def test_sm100_stock_modelopt_is_mixed(sm100_stock):
     stock = sm100_stock["modelopt"]
     assert stock["kv_cache_dtype"] == "fp8_e4m3"

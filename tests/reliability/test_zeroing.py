@@ -16,7 +16,6 @@ def rows():
     return facts()
 
 
-@pytest.mark.slow
 def test_stock_vllm_never_zeroes_a_block_under_todays_public_recipes(rows):
     # Workers build a zeroer, the scheduler never asks it: every kernel these
     # recipes select already runs over blocks nobody zeroes.
@@ -33,7 +32,6 @@ def test_stock_vllm_never_zeroes_a_block_under_todays_public_recipes(rows):
     ]
 
 
-@pytest.mark.slow
 def test_with_the_plugin_no_worker_builds_a_zeroer_where_it_starts(rows):
     # Every public recipe starts, today's MI355X one (AITER off) on vLLM's
     # Triton indexer with an fp8 index cache.
@@ -43,7 +41,6 @@ def test_with_the_plugin_no_worker_builds_a_zeroer_where_it_starts(rows):
             assert not any(row[split]["workers"]) and not row[split]["scheduler"]
 
 
-@pytest.mark.slow
 def test_the_docs_show_this_commands_table(rows):
     doc = (REPO / "docs" / "reliability.md").read_text()
     assert render(rows) in doc, "python -m tests.reliability.zeroing"
@@ -53,7 +50,6 @@ FAILURE_CLAIM = re.compile(r"HTTP 500|fails? the (?:first )?request", re.IGNOREC
 NOT_ON_0_33 = "0.33 does not have"
 
 
-@pytest.mark.slow
 def test_no_doc_claims_a_failure_stock_0_33_does_not_show(rows):
     """The table: stock 0.33's scheduler never asks a stage to zero, so the
     HTTP 500 of vLLM PR #64472 (a stage asked to zero without a zeroer) does

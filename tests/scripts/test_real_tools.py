@@ -117,7 +117,6 @@ metadata:
     return folder
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("lm_eval") is None,
     reason="lm-eval is not installed (pip install 'lm-eval[api]'; CI installs it)",

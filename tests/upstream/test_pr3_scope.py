@@ -45,7 +45,6 @@ def builds(tmp_path_factory) -> dict[str, dict]:
     return results
 
 
-@pytest.mark.slow
 def test_pr3_changes_only_the_layers_whose_build_order_decided(builds):
     stock, pr3 = builds["stock"], builds["pr3"]
     assert stock.keys() == pr3.keys() == SCENARIOS
@@ -61,7 +60,6 @@ def test_pr3_changes_only_the_layers_whose_build_order_decided(builds):
             assert (before[layer], after[layer]) == (BF16, FP8), layer
 
 
-@pytest.mark.slow
 def test_the_changed_layers_get_what_stock_gave_the_rest_of_the_model(builds):
     # Unsplit and dense-first, stock already built every main cache fp8.
     for name in ("minimax_m3_dense_first", "llama"):
