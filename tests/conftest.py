@@ -67,6 +67,14 @@ FAST: dict[str, frozenset[str] | None] = {
             "test_the_exit_code_is_the_worst_verdict",
         }
     ),
+    "tests/entrypoints/test_output.py": frozenset(
+        {
+            "test_status_json_is_one_object_with_every_row_and_the_exit",
+            "test_status_text_and_json_carry_the_same_rows",
+            "test_status_quiet_prints_nothing_and_answers_by_exit_code",
+            "test_a_problem_reaches_stderr_in_every_mode",
+        }
+    ),
     "tests/test_docs.py": frozenset(
         {
             "test_every_fix_line_pastes_into_bash",

@@ -24,12 +24,12 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     PrecisionFacts,
     SparseShape,
 )
-from vllm_minimax_m3_kv.config.stock_vllm import (
+from vllm_minimax_m3_kv.config.verdicts import MIXED_POOL_HAZARD
+from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
+from vllm_minimax_m3_kv.entrypoints.check.stock_vllm import (
     VLLM_CANNOT_BUILD,
     bf16_pool_vllm_cannot_build,
 )
-from vllm_minimax_m3_kv.config.verdicts import MIXED_POOL_HAZARD
-from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
 from vllm_minimax_m3_kv_sim import REPO
 from vllm_minimax_m3_kv_sim.plumbing.children import json_from_stdout
 

@@ -252,3 +252,27 @@ def test_the_policy_builds_refusals_as_values_not_text():
     ]
     assert not splitting
     assert not hasattr(Fix, "parse")
+
+
+def test_only_the_output_sink_prints():
+    # Every command prints through entrypoints/output.py (human, JSON or
+    # quiet); the serve-flags table's generator lives in the harness.
+    sink = REPO / PACKAGE / "entrypoints" / "output.py"
+    printing = sorted(
+        (str(path.relative_to(REPO)), node.lineno)
+        for path in (REPO / PACKAGE).rglob("*.py")
+        if path != sink
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id == "print")
+            or (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "write"
+                and ast.unparse(node.func.value) in ("sys.stdout", "sys.stderr")
+            )
+        )
+    )
+    assert not printing
+    sink_tree = ast.parse(sink.read_text(encoding="utf-8"))
+    assert "sys.stdout" in ast.unparse(sink_tree)

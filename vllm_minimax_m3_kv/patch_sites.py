@@ -229,9 +229,7 @@ def _patch_fnuz_index_writer(module: ModuleType) -> None:
 
     if not current_platform.is_rocm() or isinstance(module.ops, OpsWithFnuzIndexWriter):
         return
-    from vllm.platforms import rocm
-
-    if rocm.on_gfx942():
+    if current_platform.is_fp8_fnuz():
         module.ops = OpsWithFnuzIndexWriter(module.ops)
 
 

@@ -92,9 +92,17 @@ E4M3FNUZ = Fp8Format("float8_e4m3fnuz", 224.0)
 
 
 def platform_fp8() -> Fp8Format:
-    """The platform's fp8 format as vLLM stores the main cache (fnuz on gfx942)."""
+    """The fp8 format vLLM stores the main cache in here: as the engine's
+    decision recorded it (inside a model build), else as vLLM's platform says
+    (``is_fp8_fnuz``, which the decision's facts read too)."""
+    from vllm.config import get_current_vllm_config_or_none
     from vllm.platforms import current_platform
 
+    from vllm_minimax_m3_kv.config.recorded_verdict import recorded_verdict
+
+    decided = recorded_verdict(get_current_vllm_config_or_none())
+    if decided is not None:
+        return E4M3FNUZ if decided.fp8_format == "e4m3fnuz" else E4M3FN
     return E4M3FNUZ if current_platform.is_fp8_fnuz() else E4M3FN
 
 

@@ -73,6 +73,8 @@ class CudaPlatform:
 
 current_platform = CudaPlatform()
 ''',
+    # Outside vLLM's model build, as the device check runs the self-test.
+    "config/__init__.py": "def get_current_vllm_config_or_none():\n    return None\n",
     "triton_utils/__init__.py": "import triton\nimport triton.language as tl\n",
     "envs.py": """import os
 

@@ -17,7 +17,6 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     PrecisionFacts,
     SparseShape,
 )
-from vllm_minimax_m3_kv.config.stock_vllm import bf16_pool_vllm_cannot_build
 from vllm_minimax_m3_kv.config.verdicts import (
     MIXED_POOL_HAZARD,
     Fix,
@@ -26,6 +25,7 @@ from vllm_minimax_m3_kv.config.verdicts import (
     fixed_facts,
 )
 from vllm_minimax_m3_kv.entrypoints.check.early import vllm_kv_cache_dtypes
+from vllm_minimax_m3_kv.entrypoints.check.stock_vllm import bf16_pool_vllm_cannot_build
 
 MI355X = PlatformFacts(
     "ROCm gfx950 (MI355X)",
@@ -38,12 +38,18 @@ MI355X_NO_AITER = dataclasses.replace(
     MI355X, aiter_enabled=False, shuffle_kv_cache_layout=False
 )
 MI300X = dataclasses.replace(
-    MI355X, name="ROCm gfx942 (MI300X)", rocm_gfx950=False, rocm_gfx942=True
+    MI355X,
+    name="ROCm gfx942 (MI300X)",
+    rocm_gfx950=False,
+    rocm_gfx942=True,
+    fp8_fnuz=True,
 )
 # AITER on, its sparse paged attention off: the plugin's fnuz writer runs.
 MI300X_NO_SPA = dataclasses.replace(MI300X, shuffle_kv_cache_layout=False)
 # A ROCm GPU with neither gfx950's nor gfx942's fp8: no fp8 indexer runs there.
-MI250X = dataclasses.replace(MI300X, name="ROCm gfx90a (MI250X)", rocm_gfx942=False)
+MI250X = dataclasses.replace(
+    MI300X, name="ROCm gfx90a (MI250X)", rocm_gfx942=False, fp8_fnuz=False
+)
 B300 = PlatformFacts(
     "CUDA sm_103", "cuda", cuda_supports_fp8=True, cuda_sm100_family=True
 )

@@ -44,6 +44,14 @@ SCENARIOS = [
         "env": AITER_OFF,
         "engine": {**FP8, "model": TINY_MODEL},
     },
+    # The same engine whose cache_config is changed after the hook decided.
+    {
+        "id": "cache_dtype_changed_after_decision",
+        "env": AITER_OFF,
+        "engine": {**FP8, "model": TINY_MODEL},
+        "cache_dtype_after_decision": "auto",
+        "walk_after_decision": True,
+    },
 ]
 
 
@@ -82,6 +90,44 @@ def test_uniform_pool_zeroes_nowhere(plugin, scenario):
     assert plugin[scenario]["indexer_kv_dtype"] == "fp8"
     for plan in (plugin[scenario]["pp1"], plugin[scenario]["pp2"]):
         assert not any(plan["workers"]) and not plan["scheduler"], plan
+
+
+def test_hooks_after_the_decision_read_it_not_cache_config(plugin):
+    # The main layers now store bf16 (vLLM's Attention reads cache_config),
+    # but the index cache keeps the description the decision gave it, and the
+    # planner's check still says what was decided against what was built.
+    result = plugin["cache_dtype_changed_after_decision"]
+    assert result["kv_cache_dtype"] == "auto"
+    index_caches = {
+        name: spec[:2]
+        for name, spec in result["specs"].items()
+        if name.endswith("index_cache")
+    }
+    assert index_caches, result["specs"]
+    assert all(
+        spec == ["torch.uint8", "FP8_PER_TENSOR"] for spec in index_caches.values()
+    )
+    assert any(
+        "predicted one precision: main cache fp8" in warning
+        and "bfloat16/NONE" in warning
+        for warning in result["plan_warnings"]
+    ), result["plan_warnings"]
+
+
+def test_model_build_and_planning_never_decide_again(plugin):
+    # After the hook: the index cache's wrappers and the planner's checks
+    # read the recorded decision; none gathers the facts or asks the policy.
+    walk = set(plugin["cache_dtype_changed_after_decision"]["after_decision_walk"])
+    config = "vllm_minimax_m3_kv.config"
+    assert f"{config}.recorded_verdict:recorded_verdict" in walk, sorted(walk)
+    deciding = [
+        entry
+        for entry in walk
+        if entry.startswith(f"{config}.indexer_precision:")
+        or entry.split(":")[-1]
+        in ("live_facts", "live_platform_facts", "precision_facts")
+    ]
+    assert not deciding, sorted(walk)
 
 
 @pytest.mark.parametrize(

@@ -79,7 +79,7 @@ def live(flags: dict) -> tuple[str, object]:
 def offline(flags: dict, target: str) -> tuple[str, object]:
     """The same question asked the way ``check --target`` asks it: the hook
     judges for the named target while vLLM resolves the config."""
-    from vllm_minimax_m3_kv.config.facts import judging_for
+    from vllm_minimax_m3_kv.config.targets import judging_for
     from vllm_minimax_m3_kv.config.verdicts import Outcome
 
     with judging_for(target) as judgement:

@@ -8,28 +8,28 @@ objects in both cases, through :func:`precision_facts`.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
-import os
 import weakref
-from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_minimax_m3_kv.config.kv_cache_dtype import CheckpointKVCache, auto_kv_cache
 from vllm_minimax_m3_kv.config.pool_facts import (
-    AITER_ENV,
-    SHUFFLE_KV_ENV,
     PlatformFacts,
     PoolLayers,
     PrecisionFacts,
     SparseShape,
     kv_cache_dtype_for,
 )
-from vllm_minimax_m3_kv.config.verdicts import Verdict
+from vllm_minimax_m3_kv.config.targets import (
+    HERE,
+    judged_target,
+    rocm_env_flags,
+    target_platform_facts,
+    unset_aiter_env,
+)
 from vllm_minimax_m3_kv.envs import allow_mixed_from_env
 
 if TYPE_CHECKING:
@@ -40,63 +40,6 @@ MINIMAX_M3_ARCHITECTURES = (
     "MiniMaxM3SparseForCausalLM",
     "MiniMaxM3MTP",
 )
-
-# Hardware the offline check can judge. AITER flags come from the environment.
-_TARGETS: dict[str, dict[str, Any]] = {
-    "mi355x": {"name": "ROCm gfx950 (MI355X)", "vendor": "rocm", "rocm_gfx950": True},
-    "mi350x": {"name": "ROCm gfx950 (MI350X)", "vendor": "rocm", "rocm_gfx950": True},
-    "mi325x": {"name": "ROCm gfx942 (MI325X)", "vendor": "rocm", "rocm_gfx942": True},
-    "mi300x": {"name": "ROCm gfx942 (MI300X)", "vendor": "rocm", "rocm_gfx942": True},
-    "mi250x": {"name": "ROCm gfx90a (MI250X)", "vendor": "rocm"},
-    "b300": {
-        "name": "CUDA sm_103 (B300)",
-        "vendor": "cuda",
-        "cuda_supports_fp8": True,
-        "cuda_sm100_family": True,
-    },
-    "b200": {
-        "name": "CUDA sm_100 (B200)",
-        "vendor": "cuda",
-        "cuda_supports_fp8": True,
-        "cuda_sm100_family": True,
-    },
-    "h200": {"name": "CUDA sm_90 (H200)", "vendor": "cuda", "cuda_supports_fp8": True},
-    "h100": {"name": "CUDA sm_90 (H100)", "vendor": "cuda", "cuda_supports_fp8": True},
-    "a100": {"name": "CUDA sm_80 (A100)", "vendor": "cuda"},
-}
-TARGETS = tuple(_TARGETS)
-HERE = "here"
-"""``check --target here``: this machine's own platform, aiter and vLLM."""
-
-
-def _rocm_env_flags() -> tuple[bool, bool]:
-    # vllm.envs parses these exactly as the ROCm platform does at startup.
-    import vllm.envs as envs
-
-    return bool(envs.VLLM_ROCM_USE_AITER), bool(envs.VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT)
-
-
-def _unset_aiter_env() -> frozenset[str]:
-    return frozenset(
-        name for name in (AITER_ENV, SHUFFLE_KV_ENV) if name not in os.environ
-    )
-
-
-def target_platform_facts(target: str) -> PlatformFacts:
-    """Facts for a named GPU, with AITER flags read from this environment.
-
-    A ROCm target is assumed to run a ROCm vLLM image that ships aiter with
-    its MSA kernels; the live hook checks that on the machine itself.
-    """
-    known = _TARGETS[target]
-    aiter, shuffle = _rocm_env_flags() if known["vendor"] == "rocm" else (False, False)
-    return PlatformFacts(
-        **known,
-        aiter_enabled=aiter,
-        shuffle_kv_cache_layout=shuffle,
-        unset_env=_unset_aiter_env() if known["vendor"] == "rocm" else frozenset(),
-    )
-
 
 # What the fp8 (MSA) indexer imports from aiter at model build.
 AITER_MSA_MODULES = ("msa_block_select", "msa_attention")
@@ -119,45 +62,10 @@ def aiter_has_msa_kernels() -> bool:
     return False
 
 
-@dataclass
-class Judgement:
-    """The first verdict the live hook reached while judging for a target."""
-
-    facts: PrecisionFacts | None = None
-    verdict: Verdict | None = None
-
-
-_judging_for: ContextVar[tuple[str, Judgement] | None] = ContextVar(
-    "judging_for", default=None
-)
-"""The target ``check`` judges for (``HERE``: the live platform), and where
-the hook records its verdict."""
-
-
-@contextlib.contextmanager
-def judging_for(target: str) -> Iterator[Judgement]:
-    """Let the live hook judge for a named target (``check`` runs vLLM's own
-    config validation on its CPU platform, and the verdict is for the GPU).
-    Yields where the hook records what it decided."""
-    judgement = Judgement()
-    token = _judging_for.set((target, judgement))
-    try:
-        yield judgement
-    finally:
-        _judging_for.reset(token)
-
-
-def record_judgement(facts: PrecisionFacts, verdict: Verdict) -> None:
-    """Called by the live hook; kept only inside :func:`judging_for`."""
-    current = _judging_for.get()
-    if current is not None and current[1].verdict is None:
-        current[1].facts, current[1].verdict = facts, verdict
-
-
 def live_platform_facts() -> PlatformFacts:
     """Facts for the platform vLLM detected in this process."""
-    if (judging := _judging_for.get()) is not None and judging[0] != HERE:
-        return target_platform_facts(judging[0])
+    if (target := judged_target()) is not None and target != HERE:
+        return target_platform_facts(target)
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():
@@ -166,7 +74,7 @@ def live_platform_facts() -> PlatformFacts:
 
         # vLLM's AITER switches answer None, not False, without aiter; the
         # policy hears the variables as set and whether aiter is there.
-        aiter, shuffle = _rocm_env_flags()
+        aiter, shuffle = rocm_env_flags()
         installed = bool(_aiter_ops.is_aiter_found_and_supported())
         arch = getattr(rocm, "_GCN_ARCH", "") or "unknown arch"
         return PlatformFacts(
@@ -174,11 +82,12 @@ def live_platform_facts() -> PlatformFacts:
             vendor="rocm",
             rocm_gfx950=bool(rocm.on_gfx950()),
             rocm_gfx942=bool(rocm.on_gfx942()),
+            fp8_fnuz=bool(current_platform.is_fp8_fnuz()),
             aiter_enabled=aiter,
             shuffle_kv_cache_layout=shuffle,
             aiter_installed=installed,
             aiter_msa_kernels=installed and aiter_has_msa_kernels(),
-            unset_env=_unset_aiter_env(),
+            unset_env=unset_aiter_env(),
         )
     if current_platform.is_cuda():
         capability = current_platform.get_device_capability()

@@ -81,7 +81,10 @@ class PlatformFacts:
     vendor: Literal["rocm", "cuda", "other"]
     rocm_gfx950: bool = False
     rocm_gfx942: bool = False
-    """MI300X/MI325X: vLLM's fp8 type there is e4m3fnuz."""
+    """MI300X/MI325X."""
+    fp8_fnuz: bool = False
+    """vLLM stores fp8 as e4m3fnuz here (``current_platform.is_fp8_fnuz()``:
+    gfx942), not OCP e4m3fn."""
     cuda_supports_fp8: bool = False
     cuda_sm100_family: bool = False
     aiter_enabled: bool = False
@@ -100,8 +103,8 @@ class PlatformFacts:
     @property
     def fp8_e4m3_format(self) -> str:
         """The e4m3 flavour vLLM stores "fp8" caches in here
-        (``current_platform.fp8_dtype()``): fnuz on gfx942, OCP elsewhere."""
-        return "e4m3fnuz" if self.vendor == "rocm" and self.rocm_gfx942 else "e4m3fn"
+        (``current_platform.fp8_dtype()``)."""
+        return "e4m3fnuz" if self.fp8_fnuz else "e4m3fn"
 
     @property
     def aiter_sparse_pa(self) -> bool:

@@ -24,7 +24,9 @@ from vllm_minimax_m3_kv.config.pool_facts import (
 from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV, parse_switch
 
 
-class Outcome(enum.Enum):
+class Outcome(enum.StrEnum):
+    """A verdict's kind; its value is how ``check --json`` spells it."""
+
     UNCHANGED = "unchanged"
     """Both caches bf16: vLLM's behaviour, untouched."""
     INHERITED = "inherited"
@@ -162,6 +164,11 @@ class Verdict:
     @property
     def starts(self) -> bool:
         return self.outcome is not Outcome.ERROR
+
+    @property
+    def headline(self) -> str:
+        """The verdict in one line: what runs, or what cannot run and where."""
+        return self.refusal.lines[0] if self.refusal is not None else self.summary
 
     @property
     def reason(self) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_minimax_m3_kv._versions import DISTRIBUTION
+from vllm_minimax_m3_kv.entrypoints.output import Output, add_output_flags
 from vllm_minimax_m3_kv.selftest import (
     E4M3FN,
     TOPK_OUTPUTS,
@@ -100,27 +101,55 @@ def main(argv: list[str] | None = None) -> int:
         help="judge a recorded file and run its bytes again here: the top-k "
         "must match bit for bit, the scores within the judge's bound",
     )
+    add_output_flags(parser)
     args = parser.parse_args(argv)
+    out = Output.asked_by(args)
     if args.replay is not None:
         record = load_record(args.replay)
         recorded = judge_record(record)
-        print(f"recorded: {verdict_line(recorded)}")
         differs = replay(record)
         topk_differs = [name for name in differs if name in TOPK_OUTPUTS]
-        print(
-            "replay: bit for bit"
-            if not differs
-            else f"replay differs from the record in {differs}"
+        code = EXIT_PASSED if recorded.passed and not topk_differs else EXIT_FAILED
+        out.answer(
+            f"recorded: {verdict_line(recorded)}\n"
+            + (
+                "replay: bit for bit"
+                if not differs
+                else f"replay differs from the record in {differs}"
+            ),
+            {
+                "exit": code,
+                "recorded": verdict_line(recorded),
+                "recorded_passed": recorded.passed,
+                "differs": differs,
+                "topk_differs": topk_differs,
+            },
         )
-        return EXIT_PASSED if recorded.passed and not topk_differs else EXIT_FAILED
+        return code
     # A run now (never the kept verdict), kept for the node if it passes;
     # anything the self-test raises is a failed verdict, as in a worker.
     result = node_verdict(use_kept=False)
     if not result.ran:
-        print(f"selftest {result.failures[0]}")
+        out.answer(
+            f"selftest {result.failures[0]}",
+            {"exit": EXIT_NOT_RUN, "ran": False, "why": result.failures[0]},
+        )
         return EXIT_NOT_RUN
-    print(verdict_line(result))
     if args.replay_file is not None:
         save_record(result.record, args.replay_file)
-        print(f"replay file: {args.replay_file}")
-    return EXIT_PASSED if result.passed else EXIT_FAILED
+    code = EXIT_PASSED if result.passed else EXIT_FAILED
+    lines = [verdict_line(result)]
+    if args.replay_file is not None:
+        lines.append(f"replay file: {args.replay_file}")
+    out.answer(
+        "\n".join(lines),
+        {
+            "exit": code,
+            "ran": True,
+            "passed": result.passed,
+            "verdict": verdict_line(result),
+            "failures": list(result.failures),
+            "replay_file": None if args.replay_file is None else str(args.replay_file),
+        },
+    )
+    return code

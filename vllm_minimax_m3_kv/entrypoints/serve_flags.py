@@ -6,18 +6,17 @@ with the vLLM version they were read from; they are used only when that
 version is installed, so a newer vLLM's flags are never refused, nor its help
 misquoted, by an old table. ``tests/entrypoints/early_answers.py`` checks
 they equal the installed parser's. Regenerate with
-``python -m vllm_minimax_m3_kv.entrypoints.serve_flags``.
+``python -m vllm_minimax_m3_kv_sim.programs.regenerate_serve_flags`` (a
+maintainer's tool: it stays out of the wheel).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import os
 from importlib import metadata, resources
-from pathlib import Path
 
-_DATA = "vllm_serve_flags.json"
+DATA_FILE = "vllm_serve_flags.json"
 HELP_COLUMNS = 100
 """The terminal width the shipped group help is formatted for (argparse reads
 ``COLUMNS``); vLLM's live help wraps to the terminal it finds."""
@@ -33,7 +32,7 @@ def flags_of_parser(parser: object) -> list[str]:
 
 def _shipped() -> dict:
     return json.loads(
-        (resources.files("vllm_minimax_m3_kv") / "data" / _DATA).read_text()
+        (resources.files("vllm_minimax_m3_kv") / "data" / DATA_FILE).read_text()
     )
 
 
@@ -102,29 +101,3 @@ def group_help_of_parser(parser: object) -> dict[str, str]:
         for group in getattr(parser, "_action_groups", [])
         if group.title and " " not in group.title
     }
-
-
-def main() -> None:
-    # vLLM's serve parser builds on its CPU platform on any machine, as check's.
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ["COLUMNS"] = str(HELP_COLUMNS)
-    from vllm_minimax_m3_kv.entrypoints.check.arguments import (
-        build_parser,
-        own_flag_names,
-    )
-
-    path = Path(str(resources.files("vllm_minimax_m3_kv") / "data" / _DATA))
-    own = own_flag_names()
-    parser = build_parser()
-    flags = [f for f in flags_of_parser(parser) if f not in own]
-    group_help = group_help_of_parser(parser)
-    data = {"vllm": metadata.version("vllm"), "flags": flags, "group_help": group_help}
-    path.write_text(json.dumps(data, indent=0) + "\n")
-    print(
-        f"{path}: {len(flags)} flags and {len(group_help)} groups' help of vLLM "
-        f"{metadata.version('vllm')}"
-    )
-
-
-if __name__ == "__main__":
-    main()

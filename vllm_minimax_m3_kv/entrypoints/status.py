@@ -156,9 +156,25 @@ def report() -> tuple[list[tuple[str, str]], bool]:
     return rows, ok and not reasons
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``vllm-minimax-m3-kv status [--json | --quiet]``."""
+    import argparse
+
+    from vllm_minimax_m3_kv.entrypoints.output import (
+        Output,
+        add_output_flags,
+        aligned,
+    )
+
+    parser = argparse.ArgumentParser(
+        prog=f"{DISTRIBUTION} status",
+        description="Is the plugin installed and loadable on this node? Offline: "
+        "nothing is patched, no GPU is touched. Exit 0: vLLM would load it and "
+        "it would be active; 1: it would not (each row says why).",
+    )
+    add_output_flags(parser)
+    args = parser.parse_args(argv)
     rows, ok = report()
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
-    return 0 if ok else 1
+    code = 0 if ok else 1
+    Output.asked_by(args).answer(aligned(rows), {"exit": code, "report": dict(rows)})
+    return code

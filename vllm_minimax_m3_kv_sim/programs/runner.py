@@ -64,10 +64,11 @@ def _pool_layers(vllm_config: Any) -> dict[str, list[int]]:
     }
 
 
-def _modules_entered(call: Any) -> list[str]:
+def _modules_entered(call: Any, functions: bool = False) -> list[str]:
     """The plugin modules ``call`` enters, in order: one entry each time
     control passes into a module from another (returns are not entries;
-    dataclass-generated methods belong to their caller)."""
+    dataclass-generated methods belong to their caller); with
+    ``functions``, as ``module:function``."""
     entered: list[str] = []
 
     def profile(frame: Any, event: str, _: Any) -> None:
@@ -79,7 +80,7 @@ def _modules_entered(call: Any) -> list[str]:
             caller = caller.f_back
         came_from = caller.f_globals.get("__name__", "") if caller else ""
         if module.startswith("vllm_minimax_m3_kv") and module != came_from:
-            entered.append(module)
+            entered.append(f"{module}:{frame.f_code.co_name}" if functions else module)
 
     sys.setprofile(profile)
     try:
@@ -129,6 +130,14 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
             return result
         finally:
             result["plugin_warnings"] = list(_warnings.messages)
+        if "cache_dtype_after_decision" in scenario:
+            # Changed after the hook decided, then sent on as vLLM sends the
+            # config to its engine core and workers (pickled): what runs
+            # later must follow the decision, not re-read the changed value.
+            vllm_config.cache_config.cache_dtype = scenario[
+                "cache_dtype_after_decision"
+            ]
+            vllm_config = pickle.loads(pickle.dumps(vllm_config))
         result["kv_cache_dtype"] = vllm_config.cache_config.cache_dtype
         result["indexer_kv_dtype"] = vllm_config.attention_config.indexer_kv_dtype
         if vllm_config.model_config.architecture.startswith("MiniMaxM3"):
@@ -137,6 +146,14 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
                 result["fact_walk"] = _fact_walk(vllm_config)
         if not scenario.get("build", True):
             return result
+        if scenario.get("walk_after_decision"):
+            # Which plugin modules the model build and KV planning enter, on
+            # a copy of the config as a worker receives it (a model registers
+            # its layers in the config it is built under).
+            sent = pickle.loads(pickle.dumps(vllm_config))
+            result["after_decision_walk"] = _modules_entered(
+                lambda: sim.plan(sent, [sim.build_model(sent).specs]), functions=True
+            )
         try:
             built = sim.build_model(vllm_config, bind_indexer=True)
         except Exception as error:

@@ -6,7 +6,9 @@
 - :mod:`.judge`: vLLM's own config validation, in process, with the
   plugin's hook judging for the target.
 - :mod:`.plan`: the plan and its rows.
-- :mod:`.pool`: the plan from the decision's facts and verdict.
+- :mod:`.pool`: the plan from the decision's facts and verdict;
+  :mod:`.stock_vllm` (what stock vLLM 0.33 would build, to compare) and
+  :mod:`.kv_bytes` (bytes per token of each cache) beside it.
 - :mod:`.run`: :func:`run_check`, one command's result object, each fix
   applied to the command (``verdict_text.py``, shared with
   ``vllm serve``'s refusal).

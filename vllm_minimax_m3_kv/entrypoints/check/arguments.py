@@ -9,7 +9,7 @@ import difflib
 from typing import ClassVar
 
 from vllm_minimax_m3_kv._versions import DISTRIBUTION, PLUGIN_ENTRY_POINT
-from vllm_minimax_m3_kv.config.facts import HERE, TARGETS
+from vllm_minimax_m3_kv.config.targets import HERE, TARGETS
 from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
 
 PROG = f"{DISTRIBUTION} check"

@@ -12,9 +12,7 @@ command starts uniform but some line could not be judged.
 
 from __future__ import annotations
 
-import json
 import shlex
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     PROG,
 )
 from vllm_minimax_m3_kv.entrypoints.check.run import run_check
+from vllm_minimax_m3_kv.entrypoints.output import Output
 
 _SEVERITY = {EXIT_OK: 0, EXIT_MIXED: 1, EXIT_REFUSED: 2}
 
@@ -111,7 +110,7 @@ def judge_line(command: CommandLine, target: str) -> Row:
         plan.outcome,
         plan.kv_cache_dtype,
         plan.indexer_kv_dtype,
-        why=plan.message.splitlines()[0] if result.exit != EXIT_OK else "",
+        why=plan.headline if result.exit != EXIT_OK else "",
         fixes=[fix.get("command", fix["line"]) for fix in plan.fixes],
     )
 
@@ -148,18 +147,13 @@ def render(rows: list[Row]) -> str:
     return "\n".join(table)
 
 
-def check_commands(path: Path, target: str, as_json: bool) -> int:
+def check_commands(path: Path, target: str, out: Output) -> int:
     """Judge every command of ``path`` for ``target``; print the rows."""
     commands = command_lines(path.read_text(encoding="utf-8", errors="replace"))
     if not commands:
-        print(f"{PROG}: --commands {path}: no command in the file", file=sys.stderr)
+        out.problem(f"{PROG}: --commands {path}: no command in the file")
         return EXIT_USAGE
     rows = [judge_line(command, target) for command in commands]
     code = exit_code(rows)
-    if as_json:
-        print(
-            json.dumps({"exit": code, "rows": [asdict(row) for row in rows]}, indent=2)
-        )
-    else:
-        print(render(rows))
+    out.answer(render(rows), {"exit": code, "rows": [asdict(row) for row in rows]})
     return code

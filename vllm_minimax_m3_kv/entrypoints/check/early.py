@@ -21,8 +21,8 @@ from vllm_minimax_m3_kv._versions import (
     vllm_source_file,
     vllm_version_problem,
 )
-from vllm_minimax_m3_kv.config.facts import HERE, TARGETS
 from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3
+from vllm_minimax_m3_kv.config.targets import HERE, TARGETS
 from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     CheckUsageError,
     own_parser,

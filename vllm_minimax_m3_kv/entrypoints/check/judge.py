@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from vllm_minimax_m3_kv import register
-from vllm_minimax_m3_kv.config.facts import HERE, TARGETS, is_minimax_m3, judging_for
+from vllm_minimax_m3_kv.config.facts import is_minimax_m3
 from vllm_minimax_m3_kv.config.pool_facts import PrecisionFacts
+from vllm_minimax_m3_kv.config.targets import HERE, TARGETS, judging_for
 from vllm_minimax_m3_kv.config.verdicts import Verdict
 from vllm_minimax_m3_kv.entrypoints.check.arguments import CheckUsageError
 from vllm_minimax_m3_kv.entrypoints.check.early import (
@@ -28,6 +29,7 @@ from vllm_minimax_m3_kv.entrypoints.check.early import (
 )
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 from vllm_minimax_m3_kv.entrypoints.check.pool import plugin_plan, stock_plan
+from vllm_minimax_m3_kv.entrypoints.output import Output
 
 
 def plan_for(args: argparse.Namespace) -> Plan:
@@ -107,7 +109,8 @@ def quiet_stderr(quiet: bool) -> Iterator[None]:
             os.close(saved)
             if failed:
                 sink.seek(0)
-                sys.stderr.write(sink.read()[-8000:].decode(errors="replace"))
+                # The hidden logs, as they were: they say why it broke.
+                Output().problem(sink.read()[-8000:].decode(errors="replace"))
 
 
 def require_a_gpu_here() -> None:

@@ -18,7 +18,6 @@ operator opted into. 2: refused at startup. 1: this command's usage errors.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -36,6 +35,7 @@ from vllm_minimax_m3_kv.entrypoints.check.run import (
     prepare_process,
     run_check,
 )
+from vllm_minimax_m3_kv.entrypoints.output import Mode, Output
 from vllm_minimax_m3_kv.verdict_text import refusal_text
 
 
@@ -46,26 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         early = judge_without_vllm(argv)
     except CheckUsageError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
+        Output().problem(f"{PROG}: {error}")
         return EXIT_USAGE
+    out = Output(Mode.of(as_json=early.as_json))
     if early.commands is not None:
         assert early.target is not None
-        return check_commands(Path(early.commands), early.target, early.as_json)
-    result = run_check(argv)
-    print(stdout_text(result, early.as_json), end="")
-    print(stderr_text(result), end="", file=sys.stderr)
-    return result.exit
-
-
-def stdout_text(result: CheckResult, as_json: bool) -> str:
-    """What check prints on stdout: the plan (or its JSON), or the text
-    asked for (``--help``, ``--version``)."""
+        return check_commands(Path(early.commands), early.target, out)
+    result = run_check(argv, early=early)
     if result.plan is None:
-        return result.text
-    plan = (
-        json.dumps(asdict(result.plan), indent=2) if as_json else result.plan.render()
-    )
-    return plan + "\n"
+        out.text(result.text)  # --help, --version
+    else:
+        out.answer(result.plan.render(), asdict(result.plan))
+    out.problem(stderr_text(result))
+    return result.exit
 
 
 def stderr_text(result: CheckResult) -> str:
@@ -77,10 +70,10 @@ def stderr_text(result: CheckResult) -> str:
     if plan is None:
         return ""
     lines = []
-    if plan.outcome == Outcome.ERROR.value:
+    if plan.outcome is Outcome.ERROR:
         commands = [fix["command"] for fix in plan.fixes if "command" in fix]
         lines.append(refusal_text(plan.message, commands))
-    elif plan.outcome == Outcome.MIXED.value:
+    elif plan.outcome is Outcome.MIXED:
         lines.append(f"warning: {plan.message}")
     lines += [f"warning: {note}" for note in plan.notes]
     return "".join(line + "\n" for line in lines)

@@ -15,6 +15,7 @@ from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     EXIT_OK,
     EXIT_REFUSED,
 )
+from vllm_minimax_m3_kv.entrypoints.output import aligned
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,11 @@ class Plan:
     bytes_per_token_total: int
     stock_bytes_per_token_total: int
     token_capacity_vs_stock: float
-    outcome: str
+    outcome: Outcome
     message: str
     notes: list[str]
+    headline: str = ""
+    """The verdict in one line (``message``'s first)."""
     plugin: str = "on"
     executor_note: str = ""
     kv_cache_dtype_source: str = "--kv-cache-dtype"
@@ -99,8 +102,7 @@ class Plan:
             rows.append(("executor backend", self.executor_note))
         if self.not_judged:
             rows.append(("not judged", self.not_judged))
-        width = max(len(name) for name, _ in rows)
-        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+        return aligned(rows)
 
     def _main_row(self) -> str:
         if self.kv_cache_dtype == "auto" and self.model_dtype:
@@ -127,9 +129,9 @@ class Plan:
 
     @property
     def exit_code(self) -> int:
-        if self.outcome == Outcome.ERROR.value:
+        if self.outcome is Outcome.ERROR:
             return EXIT_REFUSED
-        return EXIT_MIXED if self.outcome == Outcome.MIXED.value else EXIT_OK
+        return EXIT_MIXED if self.outcome is Outcome.MIXED else EXIT_OK
 
 
 def _pool_of(stage: dict[str, Any]) -> tuple[tuple[str, ...], bool]:

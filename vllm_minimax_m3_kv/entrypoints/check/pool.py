@@ -11,13 +11,16 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_minimax_m3_kv._versions import PLUGIN_ENTRY_POINT
-from vllm_minimax_m3_kv.config.facts import HERE, target_platform_facts
 from vllm_minimax_m3_kv.config.indexer_precision import decide
 from vllm_minimax_m3_kv.config.pool_facts import STOCK_INDEXER_DEFAULT, PrecisionFacts
-from vllm_minimax_m3_kv.config.stock_vllm import bf16_pool_vllm_cannot_build, stock_pool
+from vllm_minimax_m3_kv.config.targets import HERE, target_platform_facts
 from vllm_minimax_m3_kv.config.verdicts import Fix, Outcome, Verdict, facts_with_fix
 from vllm_minimax_m3_kv.entrypoints.check.early import versions_line
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
+from vllm_minimax_m3_kv.entrypoints.check.stock_vllm import (
+    bf16_pool_vllm_cannot_build,
+    stock_pool,
+)
 from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
 from vllm_minimax_m3_kv.verdict_text import fix_edits
 
@@ -127,7 +130,7 @@ def stock_plan(
     model_config: Any, facts: PrecisionFacts, target: str, executor_note: str
 ) -> Plan:
     """What ``vllm serve`` runs with this plugin left out by VLLM_PLUGINS."""
-    from vllm_minimax_m3_kv.config.kv_bytes import kv_bytes_per_token
+    from vllm_minimax_m3_kv.entrypoints.check.kv_bytes import kv_bytes_per_token
 
     stock = stock_pool(facts)
     sizes = kv_bytes_per_token(
@@ -151,11 +154,12 @@ def stock_plan(
         bytes_per_token_total=sizes.total,
         stock_bytes_per_token_total=sizes.total,
         token_capacity_vs_stock=1.0,
-        outcome=(Outcome.UNCHANGED if stock.uniform else Outcome.MIXED).value,
+        outcome=Outcome.UNCHANGED if stock.uniform else Outcome.MIXED,
         message=(
-            "stock vLLM 0.33 runs a mixed KV pool here: vllm-minimax-m3-kv is "
-            f"off (VLLM_PLUGINS={shlex.quote(os.environ.get('VLLM_PLUGINS', ''))})"
+            message := "stock vLLM 0.33 runs a mixed KV pool here: vllm-minimax-m3-kv "
+            f"is off (VLLM_PLUGINS={shlex.quote(os.environ.get('VLLM_PLUGINS', ''))})"
         ),
+        headline=message,
         notes=[],
         versions=versions_line(),
         kv_cache_dtype_source=_stock_kv_source(facts),
@@ -181,7 +185,7 @@ def plugin_plan(
     """What ``vllm serve`` builds with the plugin: the verdict's pool, its
     bytes, and each fix's capacity, all against stock vLLM 0.33 running the
     command as typed."""
-    from vllm_minimax_m3_kv.config.kv_bytes import kv_bytes_per_token
+    from vllm_minimax_m3_kv.entrypoints.check.kv_bytes import kv_bytes_per_token
 
     # The plugin leaves bf16 pools to vLLM; check still says when vLLM will
     # fail to build one, since it promises what `vllm serve` does.
@@ -250,8 +254,9 @@ def plugin_plan(
         bytes_per_token_total=ours.total,
         stock_bytes_per_token_total=stock.total,
         token_capacity_vs_stock=round(stock.total / ours.total, 4),
-        outcome=verdict.outcome.value,
+        outcome=verdict.outcome,
         message=verdict.message,
+        headline=verdict.headline,
         notes=list(verdict.notes),
         executor_note=executor_note,
         kv_cache_dtype_source=kv_source(facts),

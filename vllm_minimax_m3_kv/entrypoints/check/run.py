@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from vllm_minimax_m3_kv.config.facts import HERE
+from vllm_minimax_m3_kv.config.targets import HERE
 from vllm_minimax_m3_kv.entrypoints.check.arguments import (
     EXIT_OK,
     EXIT_USAGE,
@@ -25,6 +25,7 @@ from vllm_minimax_m3_kv.entrypoints.check.arguments import (
 )
 from vllm_minimax_m3_kv.entrypoints.check.early import (
     BUNDLED_HUB_ID,
+    EarlyAnswer,
     judge_without_vllm,
     judges_this_machine,
     model_argument,
@@ -86,20 +87,26 @@ def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def run_check(argv: list[str], env: Mapping[str, str] | None = None) -> CheckResult:
+def run_check(
+    argv: list[str],
+    env: Mapping[str, str] | None = None,
+    early: EarlyAnswer | None = None,
+) -> CheckResult:
     """Judge one ``check`` command line (``vllm serve`` flags plus check's)
-    with ``env`` (``VLLM_ROCM_*`` and the like) over this process's."""
+    with ``env`` (``VLLM_ROCM_*`` and the like) over this process's.
+    ``early``: what :func:`judge_without_vllm` already answered for ``argv``
+    in a prepared process (the command line asks it first)."""
     argv = list(argv)
-    prepare_process(argv)
+    if early is None:
+        prepare_process(argv)
     with _environment(env):
         try:
-            return _run(argv)
+            return _run(argv, early or judge_without_vllm(argv))
         except CheckUsageError as error:
             return CheckResult(EXIT_USAGE, usage_error=str(error))
 
 
-def _run(argv: list[str]) -> CheckResult:
-    early = judge_without_vllm(argv)
+def _run(argv: list[str], early: EarlyAnswer) -> CheckResult:
     if early.version:
         return CheckResult(EXIT_OK, text=versions_line() + "\n")
     if early.help is True:
@@ -119,7 +126,7 @@ def _run(argv: list[str]) -> CheckResult:
         if early.bundled_for is not None:
             argv = without_model(argv, early.bundled_for)
         plan = plan_for(parser.parse_args(argv))
-        with_fixed_commands(plan, argv, parser)
+        plan = with_fixed_commands(plan, argv, parser)
     if early.bundled_for is not None:
         plan = replace(
             plan,
@@ -132,15 +139,20 @@ def _run(argv: list[str]) -> CheckResult:
 
 def with_fixed_commands(
     plan: Plan, argv: list[str], parser: argparse.ArgumentParser
-) -> None:
-    """Give each fix of ``plan`` its ``command``: the user's own ``vllm
-    serve`` command (check's flags left out) with that fix applied."""
+) -> Plan:
+    """``plan`` with each fix's ``command``: the user's own ``vllm serve``
+    command (check's flags left out) with that fix applied."""
     if not plan.fixes:
-        return
+        return plan
     _, serve_words = own_parser().parse_known_args(argv)
     if model_argument(serve_words) is None:
         # The bundled config stands for the published checkpoint.
         serve_words = [BUNDLED_HUB_ID, *serve_words]
     env, arity = command_env(), arity_of(parser)
-    for fix in plan.fixes:
-        fix["command"] = fixed_command(serve_words, env, fix, arity)
+    return replace(
+        plan,
+        fixes=[
+            {**fix, "command": fixed_command(serve_words, env, fix, arity)}
+            for fix in plan.fixes
+        ],
+    )

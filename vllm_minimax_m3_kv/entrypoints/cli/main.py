@@ -28,7 +28,7 @@ def _status(argv: list[str]) -> int:
     # About this node, not a target: no CPU platform, no offline default.
     from vllm_minimax_m3_kv.entrypoints.status import main
 
-    return main()
+    return main(argv)
 
 
 def _selftest(argv: list[str]) -> int:
@@ -57,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         return _check(argv)
     nearest = difflib.get_close_matches(first, COMMANDS, n=1)
     hint = f" (did you mean {nearest[0]}?)" if nearest else ""
-    print(
+    from vllm_minimax_m3_kv.entrypoints.output import Output
+
+    Output().problem(
         f"{PROG}: unknown command {first!r}{hint}; commands: "
-        f"{', '.join(COMMANDS)} ({PROG} check --help; {PROG} status), or --version",
-        file=sys.stderr,
+        f"{', '.join(COMMANDS)} ({PROG} check --help; {PROG} status), or --version"
     )
     return EXIT_USAGE
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vllm_minimax_m3_kv.config.facts import live_facts, record_judgement
+from vllm_minimax_m3_kv.config.facts import live_facts
 from vllm_minimax_m3_kv.config.indexer_precision import decide
 from vllm_minimax_m3_kv.config.pool_facts import PrecisionFacts
+from vllm_minimax_m3_kv.config.recorded_verdict import record_verdict
+from vllm_minimax_m3_kv.config.targets import record_judgement
 from vllm_minimax_m3_kv.config.verdicts import Outcome, Verdict
 
 if TYPE_CHECKING:
@@ -50,6 +52,13 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
 
         raise IndexerPrecisionError(verdict, fixed_serve_commands(verdict.fixes))
     resolve_kv_cache_dtype_before_model_build(vllm_config, facts)
+    # What runs after this (model build, KV planning) reads the decision.
+    if not record_verdict(vllm_config, facts, verdict):
+        logger.warning_once(
+            "MiniMax-M3 KV precision: additional_config is not a dict, so the "
+            "decision cannot be recorded for model build; the index cache "
+            "keeps vLLM's own description (a mixed pool with an fp8 main cache)."
+        )
     if verdict.outcome is Outcome.MIXED:
         # The zeroing patch (patches.py) makes every worker and the scheduler
         # honour the zeroer this pool needs.

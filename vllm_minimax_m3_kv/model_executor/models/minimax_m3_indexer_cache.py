@@ -12,6 +12,10 @@ The index cache's fp8 type is the platform's, as the main cache's is
 (``current_platform.fp8_dtype()``, which MiniMax-M3's sparse attention views
 its main cache as): e4m3fn on CUDA and gfx950, e4m3fnuz on gfx942, where vLLM
 0.33 would otherwise store OCP e4m3fn beside an fnuz main cache.
+
+Both the type and the description come from the config-time decision as the
+hook recorded it (``config/recorded_verdict.py``), not from
+``cache_config`` or the platform asked again; with no record, vLLM's own.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_DTYPES
+from vllm_minimax_m3_kv.config.recorded_verdict import recorded_verdict
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -31,34 +35,34 @@ if TYPE_CHECKING:
 INDEXER_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
-def platform_fp8_dtype() -> torch.dtype:
-    """The fp8 e4m3 type vLLM stores the main cache in on this platform."""
-    from vllm.platforms import current_platform
-
-    return current_platform.fp8_dtype()
-
-
 def describe_like_main_cache(spec: KVCacheSpec, vllm_config: VllmConfig) -> KVCacheSpec:
     """The indexer spec with the main fp8 cache's storage dtype and quant mode."""
     from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
     from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
-    main_dtype_str = vllm_config.cache_config.cache_dtype
-    if spec.dtype not in INDEXER_FP8_DTYPES or main_dtype_str not in FP8_E4M3_DTYPES:
+    decided = recorded_verdict(vllm_config)
+    if decided is None or not decided.fp8_main_cache:
         return spec
-    storage = kv_cache_dtype_str_to_dtype(main_dtype_str, vllm_config.model_config)
+    if spec.dtype not in INDEXER_FP8_DTYPES:
+        return spec
+    main_dtype = decided.kv_cache_dtype
+    storage = kv_cache_dtype_str_to_dtype(main_dtype, vllm_config.model_config)
     if storage.itemsize != spec.dtype.itemsize:
         return spec  # a different page size would change the plan; leave it
-    return replace(spec, dtype=storage, kv_quant_mode=get_kv_quant_mode(main_dtype_str))
+    return replace(spec, dtype=storage, kv_quant_mode=get_kv_quant_mode(main_dtype))
 
 
 def wrap_init(original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        from vllm.config import get_current_vllm_config_or_none
+
         original(self, *args, **kwargs)
         # vLLM picks e4m3fn for "fp8" on every platform; the model allocates
-        # the index query in this dtype too, so both follow the platform.
-        if self.dtype in INDEXER_FP8_DTYPES:
-            self.dtype = platform_fp8_dtype()
+        # the index query in this dtype too, so both follow the platform's,
+        # as the decision recorded it (vLLM builds layers under the config).
+        decided = recorded_verdict(get_current_vllm_config_or_none())
+        if decided is not None and self.dtype in INDEXER_FP8_DTYPES:
+            self.dtype = getattr(torch, decided.fp8_dtype_name)
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__

@@ -74,24 +74,11 @@ def pool_precisions(configs: list[KVCacheConfig]) -> list[str]:
 def predicted_pool(vllm_config: VllmConfig) -> str | None:
     """What the config-time decision said this pool would be, if one
     precision, e.g. "one precision: main cache fp8_e4m3, index cache fp8";
-    None if it said mixed (or, in a process whose facts differ, refused).
+    None if it accepted a mixed pool, or made no decision on this config."""
+    from vllm_minimax_m3_kv.config.recorded_verdict import recorded_verdict
 
-    The same :func:`decide` on the same facts: after the hook, the config
-    holds what it resolved, so the decision reads it back unchanged.
-    """
-    from vllm_minimax_m3_kv.config.facts import live_facts
-    from vllm_minimax_m3_kv.config.indexer_precision import decide
-    from vllm_minimax_m3_kv.config.verdicts import Outcome
-
-    facts = live_facts(vllm_config)
-    verdict = decide(facts)
-    if verdict.outcome in (Outcome.MIXED, Outcome.ERROR):
-        return None
-    indexer = verdict.indexer_kv_dtype
-    return (
-        f"one precision: main cache {facts.main_cache_precision}, index cache "
-        f"{'bf16' if indexer in ('auto', 'bf16') else indexer}"
-    )
+    decided = recorded_verdict(vllm_config)
+    return None if decided is None else decided.one_precision
 
 
 def log_pool(
@@ -157,9 +144,10 @@ def require_plugin_on_every_worker(
     import torch
     from vllm.v1.kv_cache_interface import KVQuantMode, SparseCacheRole
 
-    from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_DTYPES
+    from vllm_minimax_m3_kv.config.recorded_verdict import recorded_verdict
 
-    if vllm_config.cache_config.cache_dtype not in FP8_E4M3_DTYPES:
+    decided = recorded_verdict(vllm_config)
+    if decided is None or not decided.fp8_main_cache:
         return
     pp_size = vllm_config.parallel_config.pipeline_parallel_size
     per_stage = max(1, len(kv_cache_specs) // max(1, pp_size))

@@ -1,0 +1,77 @@
+"""Where every command's output goes: one sink, three modes.
+
+stdout carries a command's answer: text for a person, one JSON object with
+``--json``, nothing with ``--quiet`` (the exit code is the answer). stderr
+carries usage errors, refusals and warnings in every mode, so a script that
+reads the JSON or only the exit code still shows why. No other module of the
+package prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class Mode(enum.Enum):
+    HUMAN = "human"
+    JSON = "json"
+    QUIET = "quiet"
+
+    @classmethod
+    def of(cls, *, as_json: bool = False, quiet: bool = False) -> Mode:
+        return cls.JSON if as_json else cls.QUIET if quiet else cls.HUMAN
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """``--json`` and ``--quiet``, for a command whose parser is its own
+    (``check`` takes ``--json`` among vLLM's flags)."""
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--json", action="store_true", help="Print one JSON object.")
+    mode.add_argument(
+        "-q", "--quiet", action="store_true", help="Print nothing; the exit code says."
+    )
+
+
+def aligned(rows: Sequence[tuple[str, str]]) -> str:
+    """Name/value rows, the values in one column (``check``'s plan, ``status``)."""
+    width = max((len(name) for name, _ in rows), default=0)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+@dataclass(frozen=True)
+class Output:
+    mode: Mode = Mode.HUMAN
+
+    @classmethod
+    def asked_by(cls, args: argparse.Namespace) -> Output:
+        """The sink the flags of :func:`add_output_flags` ask for."""
+        return cls(Mode.of(as_json=args.json, quiet=args.quiet))
+
+    def answer(self, human: str, data: Any) -> None:
+        """The command's answer: ``human`` as text, or ``data`` as JSON."""
+        if self.mode is Mode.QUIET:
+            return
+        _write(
+            sys.stdout, json.dumps(data, indent=2) if self.mode is Mode.JSON else human
+        )
+
+    def text(self, human: str) -> None:
+        """Text only a person reads (``--help``, ``--version``): in every
+        mode but quiet, as is."""
+        if self.mode is not Mode.QUIET:
+            _write(sys.stdout, human)
+
+    def problem(self, text: str) -> None:
+        """A usage error, refusal or warning: stderr, in every mode."""
+        _write(sys.stderr, text)
+
+
+def _write(stream: Any, text: str) -> None:
+    if text:
+        stream.write(text if text.endswith("\n") else text + "\n")
