@@ -77,7 +77,10 @@ PATCHES: tuple[Patch, ...] = (
             "checkpoint declares a compressed-tensors kv_cache_scheme and "
             "--kv-cache-dtype is auto, it writes the fp8 that vLLM's "
             "Attention.__init__ would write at model build into cache_config "
-            "now, so every layer, PP stage and the engine core's planner read it."
+            "now, so every layer, PP stage and the engine core's planner read it. "
+            "It records the decision under one key of additional_config "
+            "(minimax_m3_kv), which vLLM carries to every worker; the later "
+            "hooks read that instead of deciding again."
         ),
         upstream=(
             "Model-side alternative to vllm-project/vllm#64472 (scheduler keeps "

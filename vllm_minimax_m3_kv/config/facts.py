@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,19 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_minimax_m3_kv.config.kv_cache_dtype import CheckpointKVCache, auto_kv_cache
 from vllm_minimax_m3_kv.config.pool_facts import (
+    AITER_ENV,
+    SHUFFLE_KV_ENV,
     PlatformFacts,
     PoolLayers,
     PrecisionFacts,
     SparseShape,
     kv_cache_dtype_for,
 )
-from vllm_minimax_m3_kv.config.targets import (
-    HERE,
-    judged_target,
-    rocm_env_flags,
-    target_platform_facts,
-    unset_aiter_env,
-)
+from vllm_minimax_m3_kv.config.targets import HERE, TARGET_PLATFORMS, judged_target
 from vllm_minimax_m3_kv.envs import allow_mixed_from_env
 
 if TYPE_CHECKING:
@@ -40,6 +37,36 @@ MINIMAX_M3_ARCHITECTURES = (
     "MiniMaxM3SparseForCausalLM",
     "MiniMaxM3MTP",
 )
+
+
+def _rocm_env_flags() -> tuple[bool, bool]:
+    # vllm.envs parses these exactly as the ROCm platform does at startup.
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_ROCM_USE_AITER), bool(envs.VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT)
+
+
+def _unset_aiter_env() -> frozenset[str]:
+    return frozenset(
+        name for name in (AITER_ENV, SHUFFLE_KV_ENV) if name not in os.environ
+    )
+
+
+def target_platform_facts(target: str) -> PlatformFacts:
+    """Facts for a named GPU, with AITER flags read from this environment.
+
+    A ROCm target is assumed to run a ROCm vLLM image that ships aiter with
+    its MSA kernels; the live hook checks that on the machine itself.
+    """
+    known = TARGET_PLATFORMS[target]
+    aiter, shuffle = _rocm_env_flags() if known["vendor"] == "rocm" else (False, False)
+    return PlatformFacts(
+        **known,
+        aiter_enabled=aiter,
+        shuffle_kv_cache_layout=shuffle,
+        unset_env=_unset_aiter_env() if known["vendor"] == "rocm" else frozenset(),
+    )
+
 
 # What the fp8 (MSA) indexer imports from aiter at model build.
 AITER_MSA_MODULES = ("msa_block_select", "msa_attention")
@@ -74,7 +101,7 @@ def live_platform_facts() -> PlatformFacts:
 
         # vLLM's AITER switches answer None, not False, without aiter; the
         # policy hears the variables as set and whether aiter is there.
-        aiter, shuffle = rocm_env_flags()
+        aiter, shuffle = _rocm_env_flags()
         installed = bool(_aiter_ops.is_aiter_found_and_supported())
         arch = getattr(rocm, "_GCN_ARCH", "") or "unknown arch"
         return PlatformFacts(
@@ -87,7 +114,7 @@ def live_platform_facts() -> PlatformFacts:
             shuffle_kv_cache_layout=shuffle,
             aiter_installed=installed,
             aiter_msa_kernels=installed and aiter_has_msa_kernels(),
-            unset_env=unset_aiter_env(),
+            unset_env=_unset_aiter_env(),
         )
     if current_platform.is_cuda():
         capability = current_platform.get_device_capability()

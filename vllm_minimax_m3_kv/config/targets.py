@@ -11,22 +11,16 @@ with that target's facts) and keeps the verdict the hook reached. Outside
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_minimax_m3_kv.config.pool_facts import (
-    AITER_ENV,
-    SHUFFLE_KV_ENV,
-    PlatformFacts,
-    PrecisionFacts,
-)
+from vllm_minimax_m3_kv.config.pool_facts import PrecisionFacts
 from vllm_minimax_m3_kv.config.verdicts import Verdict
 
 # Hardware the offline check can judge. AITER flags come from the environment.
-_TARGETS: dict[str, dict[str, Any]] = {
+TARGET_PLATFORMS: dict[str, dict[str, Any]] = {
     "mi355x": {"name": "ROCm gfx950 (MI355X)", "vendor": "rocm", "rocm_gfx950": True},
     "mi350x": {"name": "ROCm gfx950 (MI350X)", "vendor": "rocm", "rocm_gfx950": True},
     "mi325x": {
@@ -58,38 +52,9 @@ _TARGETS: dict[str, dict[str, Any]] = {
     "h100": {"name": "CUDA sm_90 (H100)", "vendor": "cuda", "cuda_supports_fp8": True},
     "a100": {"name": "CUDA sm_80 (A100)", "vendor": "cuda"},
 }
-TARGETS = tuple(_TARGETS)
+TARGETS = tuple(TARGET_PLATFORMS)
 HERE = "here"
 """``check --target here``: this machine's own platform, aiter and vLLM."""
-
-
-def rocm_env_flags() -> tuple[bool, bool]:
-    # vllm.envs parses these exactly as the ROCm platform does at startup.
-    import vllm.envs as envs
-
-    return bool(envs.VLLM_ROCM_USE_AITER), bool(envs.VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT)
-
-
-def unset_aiter_env() -> frozenset[str]:
-    return frozenset(
-        name for name in (AITER_ENV, SHUFFLE_KV_ENV) if name not in os.environ
-    )
-
-
-def target_platform_facts(target: str) -> PlatformFacts:
-    """Facts for a named GPU, with AITER flags read from this environment.
-
-    A ROCm target is assumed to run a ROCm vLLM image that ships aiter with
-    its MSA kernels; the live hook checks that on the machine itself.
-    """
-    known = _TARGETS[target]
-    aiter, shuffle = rocm_env_flags() if known["vendor"] == "rocm" else (False, False)
-    return PlatformFacts(
-        **known,
-        aiter_enabled=aiter,
-        shuffle_kv_cache_layout=shuffle,
-        unset_env=unset_aiter_env() if known["vendor"] == "rocm" else frozenset(),
-    )
 
 
 @dataclass

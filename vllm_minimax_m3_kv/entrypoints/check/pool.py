@@ -11,9 +11,10 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_minimax_m3_kv._versions import PLUGIN_ENTRY_POINT
+from vllm_minimax_m3_kv.config.facts import target_platform_facts
 from vllm_minimax_m3_kv.config.indexer_precision import decide
 from vllm_minimax_m3_kv.config.pool_facts import STOCK_INDEXER_DEFAULT, PrecisionFacts
-from vllm_minimax_m3_kv.config.targets import HERE, target_platform_facts
+from vllm_minimax_m3_kv.config.targets import HERE
 from vllm_minimax_m3_kv.config.verdicts import Fix, Outcome, Verdict, facts_with_fix
 from vllm_minimax_m3_kv.entrypoints.check.early import versions_line
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
