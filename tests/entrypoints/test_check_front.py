@@ -175,7 +175,13 @@ def test_the_early_answers_agree_with_vllms_own_validation():
     assert answers["serve_flags_shipped"] == answers["serve_flags_of_vllm"]
     # check's own flags come from its parser, all of them, and none is shipped
     # as vLLM's (--commands once was).
-    assert answers["own_flags"] == ["--commands", "--json", "--target", "--verbose"]
+    assert answers["own_flags"] == [
+        "--commands",
+        "--json",
+        "--quiet",
+        "--target",
+        "--verbose",
+    ]
     assert not set(answers["own_flags"]) & set(answers["serve_flags_shipped"])
     assert answers["valid_flags_called_typos"] == []
     assert answers["groups_with_help"] >= 15 and answers["group_help_differs"] == []
@@ -250,6 +256,28 @@ def test_version_carries_a_fingerprint_of_the_installed_sources():
         r"vllm-minimax-m3-kv \S+ \(source [0-9a-f]{12}(, git [0-9a-f]{12}(-dirty)?)?\); vLLM ",
         version["stdout"],
     ), version
+
+
+def test_quiet_prints_no_plan_but_still_the_refusal_and_its_fixes():
+    refused = [
+        "-m",
+        "vllm_minimax_m3_kv",
+        "check",
+        "--target",
+        "mi355x",
+        "--quiet",
+        "--kv-cache-dtype",
+        "fp8",
+        "--attention-config.indexer_kv_dtype",
+        "bf16",
+    ]
+    proc = run_python(refused, {}, 300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert "Fix with one of:" in proc.stderr
+    both = run_python([*refused, "--json"], {}, 120)
+    assert both.returncode == 1
+    assert "not allowed with argument" in both.stderr
 
 
 def test_target_here_without_a_gpu_says_so_in_one_line():

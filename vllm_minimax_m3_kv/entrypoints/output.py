@@ -34,7 +34,7 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true", help="Print one JSON object.")
     mode.add_argument(
-        "-q", "--quiet", action="store_true", help="Print nothing; the exit code says."
+        "--quiet", action="store_true", help="Print nothing; the exit code says."
     )
 
 
@@ -62,10 +62,8 @@ class Output:
         )
 
     def text(self, human: str) -> None:
-        """Text only a person reads (``--help``, ``--version``): in every
-        mode but quiet, as is."""
-        if self.mode is not Mode.QUIET:
-            _write(sys.stdout, human)
+        """Text asked for by name (``--help``, ``--version``): in every mode."""
+        _write(sys.stdout, human)
 
     def problem(self, text: str) -> None:
         """A usage error, refusal or warning: stderr, in every mode."""

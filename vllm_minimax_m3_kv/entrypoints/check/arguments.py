@@ -32,7 +32,9 @@ COMMON_GROUPS = (
 )
 
 
-USAGE = f"{PROG} [MODEL] --target TARGET [--json] [--verbose] [vllm serve flags]"
+USAGE = (
+    f"{PROG} [MODEL] --target TARGET [--json | --quiet] [--verbose] [vllm serve flags]"
+)
 
 
 DESCRIPTION = (
@@ -59,7 +61,8 @@ exit codes: 0 starts with one precision; 3 starts with a mixed pool: one you
 opted into (VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1), or stock vLLM's (VLLM_PLUGINS
 leaves the plugin out; the plan's first row says so); 2 refused at startup (the
 reason and its fixes on stderr); 1 usage error. --json also carries the fixes,
-one object each, and both versions.
+one object each, and both versions; --quiet prints no plan (the exit code is
+the verdict).
 """
 
 
@@ -67,6 +70,9 @@ VERBOSE_FLAG = "--verbose"
 
 
 JSON_FLAG = "--json"
+
+
+QUIET_FLAG = "--quiet"
 
 
 _CHECK_SECTION = "check options"
@@ -102,8 +108,15 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action
             "container entrypoint's gate). VLLM_ROCM_* and "
             f"{ALLOW_MIXED_ENV} are read from the environment.",
         ),
-        group.add_argument(
+        (output := group.add_mutually_exclusive_group()).add_argument(
             JSON_FLAG, action="store_true", help="Print the plan as one JSON object."
+        ),
+        # No -q: vLLM's serve parser takes it for --quantization.
+        output.add_argument(
+            QUIET_FLAG,
+            action="store_true",
+            help="Print no plan; the exit code is the verdict (refusals, their "
+            "fixes and warnings still go to stderr).",
         ),
         group.add_argument(
             "--commands",

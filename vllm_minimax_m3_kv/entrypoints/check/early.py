@@ -49,6 +49,7 @@ class EarlyAnswer:
     bundled_for: str | None = None
     """A hub id not in the local cache whose bundled config is judged."""
     as_json: bool = False
+    quiet: bool = False
 
 
 def versions_line() -> str:
@@ -256,7 +257,14 @@ def judge_without_vllm(argv: list[str]) -> EarlyAnswer:
     if own.commands is not None:
         if not Path(own.commands).is_file():
             raise CheckUsageError(f"--commands {own.commands}: no such file")
-        return EarlyAnswer(target, False, None, commands=own.commands, as_json=own.json)
+        return EarlyAnswer(
+            target,
+            False,
+            None,
+            commands=own.commands,
+            as_json=own.json,
+            quiet=own.quiet,
+        )
     model = model_argument(rest)
     bundled_for = None
     if (
@@ -278,4 +286,11 @@ def judge_without_vllm(argv: list[str]) -> EarlyAnswer:
         raise CheckUsageError(f"vLLM takes no flag {typo}")
     if (bad := known_bad_flag(rest, model)) is not None:
         raise CheckUsageError(f"vLLM refuses these flags: {bad}")
-    return EarlyAnswer(target, False, model, bundled_for=bundled_for, as_json=own.json)
+    return EarlyAnswer(
+        target,
+        False,
+        model,
+        bundled_for=bundled_for,
+        as_json=own.json,
+        quiet=own.quiet,
+    )

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except CheckUsageError as error:
         Output().problem(f"{PROG}: {error}")
         return EXIT_USAGE
-    out = Output(Mode.of(as_json=early.as_json))
+    out = Output(Mode.of(as_json=early.as_json, quiet=early.quiet))
     if early.commands is not None:
         assert early.target is not None
         return check_commands(Path(early.commands), early.target, out)

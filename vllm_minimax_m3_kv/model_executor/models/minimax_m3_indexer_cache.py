@@ -42,7 +42,7 @@ def describe_like_main_cache(spec: KVCacheSpec, vllm_config: VllmConfig) -> KVCa
 
     decided = recorded_verdict(vllm_config)
     if decided is None or not decided.fp8_main_cache:
-        return spec
+        return spec  # no decision on this config, or no fp8 main cache to match
     if spec.dtype not in INDEXER_FP8_DTYPES:
         return spec
     main_dtype = decided.kv_cache_dtype
