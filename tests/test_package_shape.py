@@ -276,3 +276,47 @@ def test_only_the_output_sink_prints():
     assert not printing
     sink_tree = ast.parse(sink.read_text(encoding="utf-8"))
     assert "sys.stdout" in ast.unparse(sink_tree)
+
+
+ROLES = {
+    # Root modules by role; subpackages are their own.
+    "_log": "util",
+    "envs": "util",
+    "_versions": "util",
+    "_import_hooks": "util",
+    "verdict_text": "verdict_text",
+    "selftest": "selftest",
+    "selftest_gate": "selftest",
+    "selftest_writer": "selftest",
+    "patches": "patching",
+    "patch_sites": "patching",
+    "": "patching",  # the package root: register()
+    "__main__": "__main__",
+}
+LAYERS = (
+    {"util"},
+    {"config"},
+    {"verdict_text", "v1", "model_executor"},
+    {"selftest"},
+    {"patching"},
+    {"entrypoints"},
+    {"__main__"},
+)
+"""Bottom to top: a module imports only from its own layer or below."""
+
+
+def test_the_package_is_layered():
+    def role(module: str) -> str:
+        first = module.removeprefix(PACKAGE).removeprefix(".").split(".")[0]
+        return ROLES.get(first, first)
+
+    layer = {name: depth for depth, names in enumerate(LAYERS) for name in names}
+    graph = import_graph()
+    assert {role(name) for name in graph} == set(layer)
+    upward = [
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if layer[role(target)] > layer[role(name)]
+    ]
+    assert not upward
