@@ -30,7 +30,7 @@ class Mode(enum.Enum):
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
     """``--json`` and ``--quiet``, for a command whose parser is its own
-    (``check`` takes ``--json`` among vLLM's flags)."""
+    (``check`` adds the same two among vLLM's serve flags)."""
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true", help="Print one JSON object.")
     mode.add_argument(
