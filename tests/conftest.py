@@ -56,6 +56,7 @@ FAST: dict[str, frozenset[str] | None] = {
     # Pure policy and docs: no vLLM import, in this process or a child.
     "tests/config/test_indexer_precision.py": None,
     "tests/config/test_kv_cache_dtype.py": None,
+    "tests/config/test_recorded_verdict.py": None,
     "tests/test_package_shape.py": None,
     "tests/test_envs.py": None,
     "tests/scripts/test_paired_rule.py": None,

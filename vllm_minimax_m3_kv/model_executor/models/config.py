@@ -57,7 +57,9 @@ def apply_indexer_precision(vllm_config: VllmConfig) -> None:
         logger.warning_once(
             "MiniMax-M3 KV precision: additional_config is not a dict, so the "
             "decision cannot be recorded for model build; the index cache "
-            "keeps vLLM's own description (a mixed pool with an fp8 main cache)."
+            "keeps vLLM's own description (a mixed pool with an fp8 main "
+            "cache). Pass additional_config as a dict (--additional-config "
+            "takes a JSON object)."
         )
     if verdict.outcome is Outcome.MIXED:
         # The zeroing patch (patches.py) makes every worker and the scheduler
