@@ -38,9 +38,27 @@ def parse_switch(name: str, value: str | None) -> bool:
     if spelled in SWITCH_OFF:
         return False
     raise ValueError(
-        f"{name}={value!r} is not a switch value: set {name}=1 to turn it on, "
-        f"{name}=0 to turn it off, or unset it."
+        f"{name}={value!r} is not a switch value (a vllm-minimax-m3-kv "
+        f"variable): set {name}=1 to turn it on, {name}=0 to turn it off, "
+        "or unset it."
     )
+
+
+SWITCHES = (ALLOW_MIXED_ENV, SKIP_SELFTEST_ENV, FP8_BALANCED_DECODE_ENV)
+"""Every switch; vLLM reads each at start (its environment table), so a value
+none of them takes stops ``vllm serve`` whatever the model."""
+
+
+def switch_problem(environ: dict[str, str] | None = None) -> str | None:
+    """The error ``vllm serve`` raises for the first switch in ``environ``
+    (this process's by default) that holds no switch value, or None."""
+    environ = os.environ if environ is None else environ
+    for name in SWITCHES:
+        try:
+            parse_switch(name, environ.get(name))
+        except ValueError as error:
+            return str(error)
+    return None
 
 
 def switch_from_env(name: str) -> bool:

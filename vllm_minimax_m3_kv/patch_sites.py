@@ -132,7 +132,7 @@ def detect_rocm_fp8_triton_indexer() -> str | None:
         # The ROCm model allocates the index query in the index cache's dtype
         # (the Triton dots take fp8 x fp8, not bf16 x fp8).
         or _source_lacks(AMD_MODEL_MODULE, "dtype=self.indexer.index_cache.dtype")
-        # Beside AITER sparse PA on gfx942 the gate stands aside.
+        # Beside AITER sparse PA the gate stands aside.
         or _source_lacks(
             SPARSE_ATTENTION_MODULE, "def _minimax_m3_aiter_sparse_pa_requested("
         )

@@ -159,14 +159,15 @@ def facts(platform=MI355X, kv="fp8", indexer="auto", **kwargs) -> PrecisionFacts
         (facts(A100, kv="int8_per_token_head", **MIXED_OK), Outcome.MIXED, "auto"),
         (facts(MI300X, kv="bfloat16", indexer="bf16"), Outcome.UNCHANGED, "bf16"),
         (facts(B300, indexer_cp=True), Outcome.ERROR, "auto"),
-        # Past the MSA contract, AITER sparse PA keeps the Triton indexer at
-        # one KV head per rank, and refuses more.
+        # Past the MSA contract beside AITER sparse PA, vLLM's Triton indexer
+        # would read what AITER's kernels or vLLM's unclamped Triton insert
+        # wrote: refused at any TP (before: inherited fp8 at one KV head).
         (
             facts(max_model_len=MSA_MAX_BLOCKS_PER_ROW * 128 + 1),
-            Outcome.INHERITED,
-            "fp8",
+            Outcome.ERROR,
+            "auto",
         ),
-        (facts(shape=SparseShape(topk_blocks=32)), Outcome.INHERITED, "fp8"),
+        (facts(shape=SparseShape(topk_blocks=32)), Outcome.ERROR, "auto"),
         (
             facts(shape=SparseShape(topk_blocks=32), kv_heads_per_rank=2),
             Outcome.ERROR,

@@ -59,7 +59,77 @@ def plans():
                 ],
                 "env": AITER_SPARSE_PA,
             },
+            {  # gfx950, AITER sparse PA, a checkpoint the MSA indexer cannot run
+                "argv": [
+                    "--target",
+                    "mi355x",
+                    "tests/data/minimax_m3_tiny_topk32",
+                    *RECIPE[:4],
+                    "-tp",
+                    "4",
+                    "--max-model-len",
+                    "8192",
+                ],
+                "env": AITER_SPARSE_PA,
+            },
         ]
+    )
+
+
+def test_gfx950_beside_aiter_sparse_pa_refuses_the_writer_nothing_checks(plans):
+    # There vLLM's Triton indexer would read an index cache AITER's kernels
+    # or vLLM's unclamped Triton insert wrote (before: exit 0, inherited fp8).
+    result = plans[7]
+    assert result["exit"] == 2, result
+    assert "would be written by AITER's kernels" in result["stderr"]
+    assert (
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0  # keep the fp8 KV cache"
+        in (result["stderr"])
+    )
+
+
+@pytest.fixture(scope="module")
+def serve_switch_errors() -> dict[str, str]:
+    """What vLLM raises at start, with the plugin, for each switch = maybe."""
+    code = (
+        "import json, os\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "import vllm.envs as envs\n"
+        "from vllm_minimax_m3_kv.envs import SWITCHES\n"
+        "said = {}\n"
+        "for name in SWITCHES:\n"
+        "    os.environ[name] = 'maybe'\n"
+        "    try:\n"
+        "        getattr(envs, name)\n"
+        "    except ValueError as error:\n"
+        "        said[name] = str(error)\n"
+        "    del os.environ[name]\n"
+        "print(json.dumps(said))\n"
+    )
+    return json_from_stdout(["-c", code], {}, 300)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "VLLM_MINIMAX_M3_KV_SKIP_SELFTEST",
+        "VLLM_MINIMAX_M3_KV_ALLOW_MIXED",
+        "VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE",
+    ],
+)
+def test_a_plugin_switch_serve_cannot_read_is_refused_in_serves_words(
+    name, serve_switch_errors
+):
+    # vLLM evaluates the plugin's variables at start, for every model; check
+    # said exit 0 for SKIP_SELFTEST=maybe and "vLLM refuses these flags" for
+    # ALLOW_MIXED=maybe.
+    serve = serve_switch_errors[name]
+    assert f"{name}='maybe'" in serve and "vllm-minimax-m3-kv variable" in serve
+    proc, _ = run_cli("--target", "mi355x", *RECIPE, env={name: "maybe"})
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert (
+        proc.stderr == f"vllm-minimax-m3-kv check: vllm serve stops at start: {serve}\n"
     )
 
 

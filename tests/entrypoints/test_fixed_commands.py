@@ -135,6 +135,12 @@ NOT_A_CHECK_REFUSAL = {
     "describes its fp8 index cache (... as float8_e4m3fn/NONE, the stock vLLM "
     "description": "at startup, after KV planning",
     "vLLM refuses these flags:": "a usage error, vLLM's own",
+    "... is not a switch value (a vllm-minimax-m3-kv variable)": (
+        "a usage error, the plugin's switch (tests/entrypoints/test_check_front.py)"
+    ),
+    "self-test: ignoring ...: it ...; running the self-test instead": (
+        "a worker's warning (tests/kernels/test_selftest_kept_verdict.py)"
+    ),
     "cannot read the model config for": "a usage error",
     "vllm-minimax-m3-kv is inactive, vLLM runs unchanged:": "a warning at startup",
     "vllm-minimax-m3-kv needs vLLM ...": "a usage error",

@@ -222,13 +222,9 @@ RULE_WITNESSES: dict[str, tuple[str, ...]] = {
     ),
     "rocm_triton_fp8_needs_gfx942_or_gfx950": ("mi250x-no-aiter", "kv_cache_dtype=fp8"),
     "rocm_triton_fp8_needs_no_indexer_cp": ("mi355x", "indexer_cp=True"),
-    "rocm_triton_indexer_needs_one_kv_head_per_rank": (
+    "rocm_triton_fp8_beside_aiter_sparse_pa": (
         "mi355x-aiter-spa",
         "checkpoint=topk32",
-    ),
-    "rocm_triton_fp8_on_gfx942_needs_the_plugins_writer": (
-        "mi300x-aiter-spa",
-        "kv_cache_dtype=fp8",
     ),
     "drafter_kv_cache_matches_target": ("sm100", "draft_kv_cache_dtype=auto"),
     "skipped_layers_keep_one_precision": ("mi355x-aiter-spa", "skip_layers=0"),

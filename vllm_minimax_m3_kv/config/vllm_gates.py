@@ -218,42 +218,24 @@ def _rocm_triton_fp8_needs_no_indexer_cp(facts: PrecisionFacts) -> Blocker | Non
     )
 
 
-def _rocm_triton_indexer_needs_one_kv_head_per_rank(
-    facts: PrecisionFacts,
-) -> Blocker | None:
-    # minimax_m3_use_aiter_sparse_pa: AITER sparse PA serves more than one KV
-    # head per rank only with the MSA indexer's page table; beside the Triton
-    # indexer the model build fails whatever the index cache dtype.
-    if not facts.platform.aiter_sparse_pa or facts.kv_heads_per_rank <= 1:
-        return None
-    return Blocker(
-        f"beside AITER sparse paged attention {ROCM_TRITON_INDEXER} serves "
-        f"one KV head per rank, and tensor_parallel_size="
-        f"{facts.tensor_parallel_size} leaves {facts.kv_heads_per_rank}",
-        (
-            Fix(
-                f"{ROCM_TRITON_INDEXER} without AITER sparse paged attention",
-                env=((SHUFFLE_KV_ENV, "0"),),
-            ),
-        ),
-    )
-
-
-def _rocm_triton_fp8_on_gfx942_needs_the_plugins_writer(
+def _rocm_triton_fp8_beside_aiter_sparse_pa(
     facts: PrecisionFacts,
 ) -> Blocker | None:
     # amd/model.py: beside AITER sparse PA the index key and query are written
-    # by AITER's fused_qknorm_idxrqknorm or by vLLM's fused op (its OCP fp8
-    # store, wrong for fnuz) and minimax_m3_insert_index_cache, not through
-    # the fused call the plugin's fnuz writer replaces: nothing checks those
-    # e4m3fnuz bytes, so the plugin does not serve that index cache.
-    platform = facts.platform
-    if not (platform.rocm_gfx942 and platform.aiter_sparse_pa):
+    # by AITER's fused_qknorm_idxrqknorm or by vLLM's fused op and its Triton
+    # minimax_m3_insert_index_cache (amd/ops/sparse_pa.py, a cast without a
+    # clamp; on gfx942 the fused op's OCP store is wrong for fnuz), not by the
+    # writer the node self-test vouches for (vLLM's fused op on gfx950, the
+    # plugin's fnuz writer on gfx942): the plugin serves no such index cache.
+    # (At more than one KV head per rank vLLM's build would fail there too:
+    # minimax_m3_use_aiter_sparse_pa serves those only with the MSA indexer.)
+    if not facts.platform.aiter_sparse_pa:
         return None
     return Blocker(
-        f"on gfx942 beside AITER sparse paged attention {ROCM_TRITON_INDEXER}'s "
-        "fnuz index cache would be written by AITER's kernels, which nothing "
-        "here checks (the plugin's fnuz writer runs without it)",
+        f"beside AITER sparse paged attention {ROCM_TRITON_INDEXER}'s fp8 "
+        "index cache would be written by AITER's kernels or vLLM's Triton "
+        "insert (no clamp), which nothing here checks (the node self-test "
+        "vouches for the writer that runs without it)",
         (
             Fix(
                 f"{ROCM_TRITON_INDEXER} without AITER sparse paged attention",
@@ -323,13 +305,8 @@ FP8_INDEXER_RULES: tuple[Rule, ...] = (
         ROCM_TRITON_INDEXER,
     ),
     Rule(
-        "rocm_triton_indexer_needs_one_kv_head_per_rank",
-        _rocm_triton_indexer_needs_one_kv_head_per_rank,
-        ROCM_TRITON_INDEXER,
-    ),
-    Rule(
-        "rocm_triton_fp8_on_gfx942_needs_the_plugins_writer",
-        _rocm_triton_fp8_on_gfx942_needs_the_plugins_writer,
+        "rocm_triton_fp8_beside_aiter_sparse_pa",
+        _rocm_triton_fp8_beside_aiter_sparse_pa,
         ROCM_TRITON_INDEXER,
     ),
 )

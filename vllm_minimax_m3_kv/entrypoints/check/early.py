@@ -29,6 +29,7 @@ from vllm_minimax_m3_kv.entrypoints.check.arguments import (
 )
 from vllm_minimax_m3_kv.entrypoints.serve_flags import mistyped_flag
 from vllm_minimax_m3_kv.entrypoints.status import identity, vllm_loads_this_plugin
+from vllm_minimax_m3_kv.envs import switch_problem
 
 BUNDLED_HUB_ID = "MiniMaxAI/MiniMax-M3"
 """The checkpoint whose architecture values the bundled config carries."""
@@ -254,6 +255,9 @@ def judge_without_vllm(argv: list[str]) -> EarlyAnswer:
             f"the following argument is required: --target (one of: "
             f"{', '.join(TARGETS)}; or {HERE}, this machine)"
         )
+    if (problem := switch_problem()) is not None:
+        # vLLM evaluates the plugin's variables at start, for every model.
+        raise CheckUsageError(f"vllm serve stops at start: {problem}")
     if own.commands is not None:
         if not Path(own.commands).is_file():
             raise CheckUsageError(f"--commands {own.commands}: no such file")

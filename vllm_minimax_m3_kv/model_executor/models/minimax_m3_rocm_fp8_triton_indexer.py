@@ -10,8 +10,9 @@ in the index cache's dtype and writes both with the fused insert.
 
 Here the gate selects ``MiniMaxM3IndexerTritonImpl`` for an fp8 e4m3 index
 cache on gfx950, and on gfx942 where the cache is e4m3fnuz and the plugin's
-writer fills it (``minimax_m3_rocm_fnuz_index_writer``: AITER sparse paged
-attention off, since beside it AITER's kernels write the index cache); not for the
+writer fills it (``minimax_m3_rocm_fnuz_index_writer``); AITER sparse paged
+attention off on both, since beside it AITER's kernels or vLLM's unclamped
+Triton insert write the index cache; not for the
 context-parallel indexer, which stays bf16; after
 the node self-test (``vllm_minimax_m3_kv.selftest``) has checked the kernels on
 this GPU; and the ROCm MTP drafter's bf16-only check lets its draft layers take
@@ -41,9 +42,10 @@ def rocm_fp8_triton_indexer_applies(indexer_kv_dtype: str) -> bool:
 
     if not (rocm.on_gfx950() or rocm.on_gfx942()):
         return False
-    if rocm.on_gfx942() and _aiter_sparse_pa_requested():
-        # AITER's kernels would write the fnuz index cache, not the plugin's
-        # writer (vllm_gates: rocm_triton_fp8_on_gfx942_needs_the_plugins_writer).
+    if _aiter_sparse_pa_requested():
+        # AITER's kernels or vLLM's unclamped Triton insert would write the
+        # index cache, not the writer the self-test vouches for
+        # (vllm_gates: rocm_triton_fp8_beside_aiter_sparse_pa).
         return False
     from vllm.config import get_current_vllm_config
 
