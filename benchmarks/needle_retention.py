@@ -170,7 +170,7 @@ def _haystack(length: int, index: int, device: str) -> tuple[Any, dict, int, Any
 
     blocks = length // selftest.SPARSE_BLOCK
     needle = round((index % DEPTHS) * (blocks - 1) / (DEPTHS - 1))
-    case = selftest.Case(
+    case = selftest.Case.single(
         blocks=blocks,
         planted=(needle,),
         decode_requests=1,

@@ -288,6 +288,7 @@ ROLES = {
     "selftest": "selftest",
     "selftest_gate": "selftest",
     "selftest_writer": "selftest",
+    "selftest_judge": "selftest",
     "patches": "patching",
     "patch_sites": "patching",
     "": "patching",  # the package root: register()

@@ -62,15 +62,13 @@ def prepare_triton(hardware: str = HARDWARE) -> str:
 
 def pin_first_autotune_config() -> None:
     """The autotuner benchmarks its configs through a GPU driver; under the
-    interpreter there is none, and which config wins only changes speed."""
-    from triton.runtime import autotuner
+    interpreter there is none, and which config wins only changes speed (the
+    product's own, which ``selftest --replay`` uses on a CPU)."""
+    from vllm_minimax_m3_kv.entrypoints.selftest import (
+        pin_first_autotune_config as pin,
+    )
 
-    choose = autotuner.Autotuner.prune_configs
-
-    def first_config(self: Any, kwargs: dict, *args: Any, **more: Any) -> list:
-        return choose(self, kwargs, *args, **more)[:1]
-
-    autotuner.Autotuner.prune_configs = first_config
+    pin()
 
 
 BF16_DOT_ISSUE = "triton-lang/triton#11584"

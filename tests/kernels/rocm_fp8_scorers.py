@@ -26,8 +26,11 @@ step off, the kernels under test left alone: the gate must refuse),
 ``decode_drops_partial_block`` (vLLM's decode scorer handed lengths less
 their last partial block, in every dtype: the gate must refuse),
 ``inputs_raise`` (input creation raises: the gate refuses with the plugin's
-fixes), ``keep_autotune`` (the self-test leaves its autotuner choices: the
-state check must see them).
+fixes), ``keep_autotune`` (the self-test leaves its autotuner choices, in
+memory and on disk: the state checks must see them), ``shared_table`` (every
+request reads request 0's block table and length: the gate must refuse),
+``nan_score`` (the prefill scorer returns NaN for block 0: the gate must
+refuse).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_minimax_m3_kv_sim.kernels import prepare_triton
+from vllm_minimax_m3_kv_sim.mutants import KERNEL_MUTANTS
 
 HARDWARE = "mi355x"
 
@@ -74,6 +78,8 @@ def _gate(mutant: str | None) -> str:
         from vllm_minimax_m3_kv import selftest
 
         selftest._autotuners = lambda module: []
+    if mutant in KERNEL_MUTANTS:
+        KERNEL_MUTANTS[mutant]()
     with (
         set_current_vllm_config(VllmConfig()),
         set_default_torch_dtype(torch.bfloat16),
@@ -99,13 +105,68 @@ def _decode_drops_partial_block() -> None:
     indexer.minimax_m3_index_decode = without_partial_block
 
 
+def _balanced_launches() -> list[int]:
+    """Counts launches of vLLM's tuned "balanced" decode scorer (what the
+    opt-in gives fp8) from now on."""
+    from vllm_minimax_m3_kv.selftest import scorer_module
+
+    kernel = scorer_module()._decode_index_score_balanced_kernel
+    count = [0]
+    run = kernel.run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return run(*args, **kwargs)
+
+    kernel.run = counted
+    return count
+
+
+def _disk_autotune(mutant: str | None) -> dict[str, Any]:
+    """Whether the self-test asks Triton's disk cache for autotune results
+    (where a run writes them). vLLM sets TRITON_CACHE_AUTOTUNING=1, so on a
+    GPU the scorers' autotuners cache to disk; the interpreter never does, so
+    here they are set as a GPU has them, with every config kept and timed by
+    a stand-in (no driver), and the disk-cache call is recorded instead of
+    made."""
+    from triton.runtime import autotuner
+
+    from vllm_minimax_m3_kv import selftest, selftest_gate
+
+    pinned = autotuner.Autotuner.prune_configs
+    autotuner.Autotuner.prune_configs = pinned.__wrapped__
+    autotuner.Autotuner._bench = lambda self, *a, config, **k: (
+        [float(self.configs.index(config) + 1)] * 3
+    )
+    asked: list[str] = []
+
+    def check_disk_cache(self: Any, key: Any, configs: Any, bench: Any) -> bool:
+        asked.append(self.base_fn.__name__)
+        bench()
+        return False
+
+    autotuner.Autotuner.check_disk_cache = check_disk_cache
+    tuners = selftest._autotuners(selftest.scorer_module())
+    for tuner in tuners:
+        tuner.cache_results = True
+    if mutant == "keep_autotune":
+        selftest._autotuners = lambda module: []
+    result = selftest_gate.run_node_selftest()
+    return {
+        "passed": result.passed,
+        "tuners": sorted(t.base_fn.__name__ for t in tuners),
+        "disk_cache_asked": asked,
+        "cache_results_after": [t.cache_results for t in tuners],
+    }
+
+
 def _inputs_raise() -> None:
-    from vllm_minimax_m3_kv import selftest
+    from vllm_minimax_m3_kv import selftest_gate
 
     def make_inputs(case: Any) -> Any:
         raise RuntimeError("input creation failed")
 
-    selftest.make_inputs = make_inputs
+    selftest_gate.make_inputs = make_inputs
 
 
 def _autotune_state() -> dict[str, int]:
@@ -130,9 +191,9 @@ def _corrupt_reference() -> None:
     the kernels under test are left alone."""
     import torch
 
-    from vllm_minimax_m3_kv import selftest
+    from vllm_minimax_m3_kv import selftest_judge
 
-    reference = selftest.reference_scores
+    reference = selftest_judge.reference_scores
 
     fp8 = _fmt().torch_dtype
 
@@ -140,7 +201,7 @@ def _corrupt_reference() -> None:
         nudged = (keys.to(fp8).view(torch.uint8) ^ 1).view(fp8)
         return reference(case, nudged.float(), prefill_q)
 
-    selftest.reference_scores = one_step_off
+    selftest_judge.reference_scores = one_step_off
 
 
 def _bitwise(mutant: str | None) -> dict[str, bool]:
@@ -178,7 +239,7 @@ def _bitwise(mutant: str | None) -> dict[str, bool]:
         if gfx950 and mutant != "bf16_query":
             # vLLM's tuned "balanced" decode scorer, which its policy gives to
             # bf16 only, offered to fp8 as benchmarks/decode_scorer.py times it.
-            from benchmarks.decode_scorer import _balanced_for_fp8
+            from vllm_minimax_m3_kv.entrypoints.bench import _balanced_for_fp8
 
             ops = sys.modules[vllm_indexer.minimax_m3_index_decode.__module__]
             rocm.on_gfx950 = lambda: True
@@ -220,14 +281,16 @@ def _stale(mutant: str | None) -> dict[str, bool]:
         def one_slot_short(case: Any, keys: Any, device: str, stale: Any = None):
             cache, table = paged(case, keys, device, stale)
             if stale is not None:
-                last = int(table[0, -1])
-                filled = selftest.SPARSE_BLOCK - case.short_tail
+                blocks = case.blocks_of(0)
+                last = int(table[0, blocks - 1])
+                filled = case.lengths[0] - (blocks - 1) * selftest.SPARSE_BLOCK
                 cache.view(torch.uint8)[last, filled - 1] = stale
             return cache, table
 
         selftest._paged = one_slot_short
     same: dict[str, bool] = {}
-    for byte in STALE_BYTES if mutant != "stale_read" else (0x7E,):
+    # +-448 in every channel: one of the two raises the last query's max.
+    for byte in STALE_BYTES if mutant != "stale_read" else (0x7E, 0xFE):
         dirty = selftest.run_scorers(case, *stored, device="cpu", stale=byte)
         same[f"{byte:#04x}"] = all(
             torch.equal(clean[name], dirty[name]) for name in clean
@@ -254,14 +317,15 @@ def _policy() -> dict[str, Any]:
 
 
 def _cuda_acceptance(case: Any, fp8: dict, bf16: dict) -> dict[str, bool]:
-    from vllm_minimax_m3_kv.selftest import _selected
+    from vllm_minimax_m3_kv.selftest_judge import selected as _selected
 
     planted_kept, overlap_ok = True, True
     for name in ("prefill_topk", "decode_topk_q1", "decode_topk_q2"):
         rows_fp8 = fp8[name].reshape(-1, case.topk)
         rows_bf16 = bf16[name].reshape(-1, case.topk)
-        for a, b in zip(rows_fp8, rows_bf16, strict=True):
-            planted_kept &= set(case.planted) <= _selected(a)
+        sequences = [sequence for sequence, _ in case.rows(name)]
+        for a, b, s in zip(rows_fp8, rows_bf16, sequences, strict=True):
+            planted_kept &= set(case.planted_in(s)) <= _selected(a)
             overlap_ok &= len(_selected(a) & _selected(b)) >= 14
     return {"planted_kept": planted_kept, "overlap_at_least_14": overlap_ok}
 
@@ -311,8 +375,12 @@ def main() -> None:
         parts = args.only.split(",")
         if "gate" in parts:
             out["autotune_before"] = _autotune_state()
+            balanced = _balanced_launches()
             out["gate"] = _gate(args.mutant)
             out["autotune_after"] = _autotune_state()
+            out["balanced_launches"] = balanced[0]
+        if "disk_autotune" in parts:
+            out["disk_autotune"] = _disk_autotune(args.mutant)
         if "bitwise" in parts:
             bitwise = _bitwise(args.mutant)
             out["cuda_acceptance"] = bitwise.pop("_acceptance", None)

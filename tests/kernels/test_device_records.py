@@ -79,6 +79,13 @@ def test_the_selftest_passes_inside_a_model_build_context_then_reads_its_verdict
     assert safety["autotune_after"] == safety["autotune_before"]
 
 
+def test_the_device_check_sees_each_kernel_mutant_fail(device_check):
+    # On the GPU these run natively; here on the bundle under the interpreter.
+    verdicts = device_check["mutants"]
+    assert set(verdicts) == {"shared_table", "nan_score"}
+    assert not any(v["passed"] for v in verdicts.values()), verdicts
+
+
 def test_the_device_checks_record_replays_bit_for_bit_through_vllm(device_check):
     # Recorded with the carried sources; replayed with the installed vLLM's
     # CUDA scorers (simulated H200), which must be the same code.
@@ -114,8 +121,96 @@ def test_the_judge_still_refuses_a_gpu_record_read_in_the_wrong_fp8_flavour(reco
     )
 
 
+def provenance_problems(record: Path) -> list[str]:
+    """Why ``record`` is not what a GPU made: its device is no GPU, its
+    provenance (the device check's JSON beside it) names another device or
+    other versions, or its prefill scores show no GPU's rounding (fp32 sums of
+    these e4m3 products are exact, so a CPU's scores are fp64 rounded once;
+    an fp8 matrix unit's differ from fp64 by more than one fp32 ulp)."""
+    import torch
+
+    from vllm_minimax_m3_kv.entrypoints.selftest import _case_and_bytes
+    from vllm_minimax_m3_kv.selftest_judge import references
+
+    data = load_record(record)
+    problems = []
+    device = str(data.get("device"))
+    if device.startswith("CPU") or not device.strip():
+        problems.append(f"made on {device}")
+    beside = record.with_suffix(".json")
+    provenance = json.loads(beside.read_text()) if beside.exists() else {}
+    if provenance.get("gpu") != device:
+        problems.append(f"{beside.name} names {provenance.get('gpu')}, not {device}")
+    versions = data.get("versions", {})
+    for name in ("torch", "triton"):
+        if name in versions and versions[name] != provenance.get(name):
+            problems.append(f"{name} {versions[name]} here, {provenance.get(name)}")
+    case, stored = _case_and_bytes(data)
+    exact = references(case, stored)["prefill_score"]
+    score = data["outputs"]["prefill_score"].double()
+    finite = torch.isfinite(exact)
+    ulp = torch.finfo(torch.float32).eps * exact[finite].abs()
+    beyond = ((score[finite] - exact[finite]).abs() > ulp).float().mean()
+    if beyond < 0.5:
+        problems.append(
+            f"only {float(beyond):.0%} of its scores differ from fp64 beyond fp32 "
+            "rounding: no GPU's fp8 sums"
+        )
+    return problems
+
+
+@GPU_RECORDS
+def test_every_gpu_record_proves_where_it_came_from(record):
+    assert provenance_problems(record) == []
+
+
+@GPU_RECORDS
+def test_a_cpu_made_copy_of_a_gpu_record_fails_the_provenance_check(record, tmp_path):
+    # The same record with the prefill scores a CPU gives (fp64, rounded
+    # once): the judge and the replay still pass it; provenance must not.
+    import shutil
+
+    from vllm_minimax_m3_kv.entrypoints.selftest import _case_and_bytes, save_record
+    from vllm_minimax_m3_kv.selftest_judge import references
+
+    data = load_record(record)
+    case, stored = _case_and_bytes(data)
+    data["outputs"]["prefill_score"] = references(case, stored)["prefill_score"].float()
+    copy = tmp_path / record.name
+    save_record(data, copy)
+    shutil.copy(record.with_suffix(".json"), copy.with_suffix(".json"))
+    assert judge_record(load_record(copy)).passed
+    problems = provenance_problems(copy)
+    assert problems and "no GPU's fp8 sums" in problems[-1], problems
+
+
 @GPU_RECORDS
 def test_every_gpu_record_selects_on_cpu_as_on_its_gpu(record):
     # The top-k bit for bit; the scores differ (the interpreter's fp32 sums
     # are exact on these bytes, the GPU's are not), each within the bound.
     assert set(_replay(record, "h200")) <= {"prefill_score"}
+
+
+def test_the_installed_command_replays_a_gpu_record_on_this_cpu(tmp_path):
+    # As docs/troubleshooting.md says: `selftest --replay FILE` on a machine
+    # without a GPU, nothing set beforehand (before: TypeError inside vLLM's
+    # scorer, whose Triton was a placeholder). One JSON schema.
+    from vllm_minimax_m3_kv.entrypoints.selftest import EXIT_PASSED, json_answer
+    from vllm_minimax_m3_kv_sim.plumbing.children import child_env
+
+    command = Path(sys.executable).with_name("vllm-minimax-m3-kv")
+    env = {
+        k: v
+        for k, v in child_env({"VLLM_CACHE_ROOT": str(tmp_path)}).items()
+        if k not in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    }
+    record = REPO / "tests" / "data" / "device_records" / "h200.pt"
+    proc = subprocess.run(
+        [str(command), "selftest", "--replay", str(record), "--json"],
+        env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_PASSED, proc.stderr[-3000:]
+    answer = json.loads(proc.stdout)
+    assert set(answer) == set(json_answer(0, ran=True))
+    assert answer["passed"] and answer["replay"]["device"] == "cpu"
+    assert answer["replay"]["topk_differs"] == []

@@ -79,12 +79,60 @@ def test_a_passed_verdict_is_kept_for_the_node_and_read_by_the_next_start(scorer
     assert out["autotune_after"] == {"_topk_index_kernel": 0}
 
 
+def test_the_opt_in_is_never_vouched_for_by_a_verdict_made_without_it(scorers):
+    # The balanced fp8 decode scorer serves only with the opt-in: a start
+    # with it runs the self-test (launching that scorer) instead of reading
+    # the verdict kept by the start without it (before: cached, 0 launches).
+    assert scorers["balanced_launches"] == 0
+    out = _child(
+        "--only",
+        "gate,selftest",
+        env={
+            "VLLM_CACHE_ROOT": scorers["cache_root"],
+            "VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE": "1",
+        },
+    )
+    state = out["selftest"]["state"]
+    assert state["passed"] and state["cached"] is None, state
+    assert out["balanced_launches"] > 0
+
+
+def test_the_selftest_writes_no_autotune_result_for_serving_to_disk():
+    # vLLM sets TRITON_CACHE_AUTOTUNING=1: an autotuner with cache_results
+    # writes its choice to Triton's disk cache, keyed the same for the toy
+    # problem and serving (BLOCK_SIZE_T = 16). The self-test never asks it.
+    out = _child("--only", "disk_autotune", env=SKIP)["disk_autotune"]
+    assert out["passed"] and out["tuners"] == ["_topk_index_kernel"]
+    assert out["disk_cache_asked"] == []
+    assert out["cache_results_after"] == [True]  # serving's setting put back
+
+
+def test_the_disk_autotune_check_sees_a_run_that_would_write():
+    out = _child("--mutant", "keep_autotune", "--only", "disk_autotune", env=SKIP)
+    assert out["disk_autotune"]["disk_cache_asked"] == ["_topk_index_kernel"]
+
+
+def test_a_scorer_reading_one_table_for_every_request_stops_the_start():
+    # One block table and one length for all requests passed this mutant.
+    out = _child("--mutant", "shared_table", "--only", "gate")
+    assert out["gate"].startswith("refused: SelftestFailed"), out["gate"]
+    assert "fp64 selects" in out["gate"]
+
+
+def test_a_nan_score_stops_the_start():
+    # NaN compares false with any bound: the old judge passed it.
+    out = _child("--mutant", "nan_score", "--only", "gate")
+    assert out["gate"].startswith("refused: SelftestFailed"), out["gate"]
+    assert "not finite where fp64 is finite" in out["gate"]
+
+
 def test_a_decode_defect_shared_by_every_dtype_stops_the_start():
     # Dropping the last partial block in decode, for fp8 and bf16 alike: a
     # judge comparing fp8 with bf16 on the same kernel passed it.
     out = _child("--mutant", "decode_drops_partial_block", "--only", "gate")
     assert out["gate"].startswith("refused: SelftestFailed"), out["gate"]
-    assert "decode_topk_q1 row 0: picked" in out["gate"]
+    # Decode request 1 reads a sequence whose last block is partial.
+    assert "decode_topk_q1 row 1: picked" in out["gate"]
     assert "fp64 selects" in out["gate"]
 
 
@@ -146,7 +194,8 @@ def test_stale_bytes_in_unwritten_slots_never_reach_a_score_or_top_k(scorers):
 
 def test_the_stale_byte_comparison_sees_a_slot_that_is_read():
     out = _child("--mutant", "stale_read", "--only", "stale", env=SKIP)
-    assert out["stale"] == {"0x7e": False}
+    assert set(out["stale"]) == {"0x7e", "0xfe"}
+    assert False in out["stale"].values(), out["stale"]
 
 
 def test_an_index_query_left_bf16_cannot_run_beside_an_fp8_cache():

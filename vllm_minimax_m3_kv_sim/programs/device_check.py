@@ -15,13 +15,17 @@ On the lent GPU machine (torch and Triton, no vLLM), with the bundle from
    this GPU, pass or fail, which ``tests/kernels/test_device_records.py``
    judges and runs again on a CPU under Triton's interpreter once it is
    committed under ``tests/data/device_records/``.
-3. **Score errors**: the self-test's judge over ``--seeds`` more seeds at 24
-   and 96 blocks: how much of its bound this GPU's matrix unit uses.
-4. **Decode cost**: ``benchmarks.decode_scorer`` on this GPU (vLLM's CUDA
+3. **Score errors**: the self-test's judge over ``--seeds`` more seeds on its
+   serving-shaped batch and on one 96-block sequence: how much of its bound
+   this GPU's matrix unit uses.
+4. **Mutants, natively**: each defect of ``vllm_minimax_m3_kv_sim.mutants``
+   (one table for every request, a NaN score) put into vLLM's scorers in turn:
+   the self-test must fail on this GPU too.
+5. **Decode cost**: ``vllm-minimax-m3-kv bench`` on this GPU (vLLM's CUDA
    Triton scorers, bf16 vs fp8, cold cache, the plan it prints with ``--plan``).
 
 Writes ``device_check.json`` and ``selftest_record.pt`` into ``--out``.
-``--cpu`` runs steps 1 and 2 on a CPU under Triton's interpreter, ``meta``
+``--cpu`` runs steps 1, 2 and 4 on a CPU under Triton's interpreter, ``meta``
 standing for the GPU (how the tests check this program without a GPU).
 """
 
@@ -94,12 +98,14 @@ def score_errors(device: str, seeds: int) -> dict[str, Any]:
     """The self-test's judge over more seeds and a longer context: each run's
     worst score error as a fraction of its bound (how much room this GPU's
     matrix unit leaves), and whether it passed."""
-    from vllm_minimax_m3_kv.selftest import Case, run_selftest
+    from vllm_minimax_m3_kv.selftest import Case
+    from vllm_minimax_m3_kv.selftest_gate import run_selftest
 
     runs = []
     for blocks in (24, 96):
         for seed in range(seeds):
-            result = run_selftest(Case(blocks=blocks, seed=seed), device=device)
+            case = Case(seed=seed) if blocks == 24 else Case.single(blocks, seed=seed)
+            result = run_selftest(case, device=device)
             runs.append(
                 {
                     "blocks": blocks,
@@ -115,6 +121,23 @@ def score_errors(device: str, seeds: int) -> dict[str, Any]:
         "worst_score_error": max(run["score_error"] for run in runs),
         "detail": runs,
     }
+
+
+def mutants(device: str) -> dict[str, Any]:
+    """Each kernel mutant's verdict on this device (each must fail)."""
+    from vllm_minimax_m3_kv.selftest_gate import run_selftest
+    from vllm_minimax_m3_kv_sim.mutants import KERNEL_MUTANTS, restoring_the_indexer
+
+    verdicts = {}
+    for name, put_in in KERNEL_MUTANTS.items():
+        restore = restoring_the_indexer()
+        put_in()
+        try:
+            result = run_selftest(device=device)
+        finally:
+            restore()
+        verdicts[name] = {"passed": result.passed, "failures": result.failures[:2]}
+    return verdicts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     report["start_safety"] = safety
     if record is not None:
         save_record(record, args.out / "selftest_record.pt")
+    from vllm_minimax_m3_kv.selftest import kernel_device
+
+    report["mutants"] = mutants(kernel_device())
+    print("mutants:", report["mutants"], flush=True)
     if not args.cpu:
-        from benchmarks.decode_scorer import measure
+        from vllm_minimax_m3_kv.entrypoints.bench import measure
 
         report["score_errors"] = score_errors(device, args.seeds)
         print(
@@ -165,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         report["decode_scorer"] = measure(args.iters, quick=False)
     (args.out / "device_check.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report["start_safety"]["asks"], indent=1))
-    return 0 if safety["asks"][0]["passed"] else 1
+    caught = all(not m["passed"] for m in report.get("mutants", {}).values())
+    return 0 if safety["asks"][0]["passed"] and caught else 1
 
 
 if __name__ == "__main__":
