@@ -15,7 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vllm_minimax_m3_kv.entrypoints.output import markdown_table as table
 from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
+
+__all__ = ["print_result", "run_child", "sweep_parser", "table"]
 
 # Loading only another installed plugin keeps this one out, as a stock install.
 
@@ -23,22 +26,6 @@ from vllm_minimax_m3_kv_sim.plumbing.children import json_from_out_file
 def run_child(module: str, args: list[str], env: dict[str, str]) -> Any:
     """Run ``python -m MODULE --child ARGS --out FILE``; the JSON it wrote."""
     return json_from_out_file(["-m", module, "--child", *args], env)
-
-
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A Markdown table, so the README can carry the output verbatim."""
-    cells = [[str(cell) for cell in row] for row in [headers, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-
-    def line(row: list[str]) -> str:
-        return (
-            "| "
-            + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-            + " |"
-        )
-
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(cells[0]), rule, *map(line, cells[1:])])
 
 
 def print_result(

@@ -8,14 +8,16 @@ import pytest
 from vllm_minimax_m3_kv_sim.plumbing.children import run_python
 
 
-def test_the_decode_scorer_benchmark_times_nothing_without_a_gpu():
+def test_bench_times_nothing_without_a_gpu_and_says_so_by_its_exit():
     import torch  # here, not at collection: the fast tier imports no torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: it would time")
-    proc = run_python(["-m", "benchmarks.decode_scorer"], {}, 120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().startswith("no GPU in this process: nothing timed")
+    proc = run_python(["-m", "vllm_minimax_m3_kv", "bench", "--quick"], {}, 120)
+    # Exit 2, not 0: a run that timed nothing is no measurement.
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "no GPU in this process: nothing timed" in proc.stderr
+    assert proc.stdout.startswith("Would time vLLM's decode index scorer")
 
 
 PLAN = """
@@ -32,7 +34,45 @@ def _plan(hardware: str) -> dict:
 
     proc = run_python(["-c", PLAN, hardware], {}, 300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+TARGET_PLANS = """
+import contextlib, io, json
+from vllm_minimax_m3_kv.entrypoints.cli.main import main
+plans = {}
+for target in ("mi355x", "mi300x", "h200", "a100"):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["bench", "--plan", "--target", target, "--json"])
+    plans[target] = {**json.loads(out.getvalue()), "code": code}
+print(json.dumps(plans))
+"""
+
+
+@pytest.fixture(scope="module")
+def target_plans() -> dict:
+    import json
+
+    proc = run_python(["-c", TARGET_PLANS], {}, 300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("target", ["mi355x", "mi300x", "h200"])
+def test_bench_plans_for_a_target_as_on_that_gpu(target, target_plans):
+    # `bench --plan --target T` here asks vLLM's policy functions for T's
+    # scorers; the same plan as on T's (simulated) platform itself.
+    planned, on_it = target_plans[target], _plan(target)
+    assert planned["code"] == 0 and planned["problems"] == []
+    assert planned["rows"] == on_it["rows"] and planned["fp8"] == on_it["fp8"]
+    assert planned["writer_row"] == on_it["writer_row"]
+
+
+def test_bench_refuses_to_plan_for_a_gpu_without_an_fp8_index_cache(target_plans):
+    plan = target_plans["a100"]
+    assert plan["code"] == 1
+    assert plan["problems"][0] == "CUDA sm_80 (A100) serves no fp8 index cache"
 
 
 def _arms(row: dict) -> dict[str, dict]:

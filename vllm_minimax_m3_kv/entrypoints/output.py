@@ -38,6 +38,19 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table, so the docs can carry a command's output verbatim."""
+    cells = [[str(cell) for cell in row] for row in [headers, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        padded = (c.ljust(w) for c, w in zip(row, widths, strict=True))
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(cells[0]), rule, *map(line, cells[1:])])
+
+
 def aligned(rows: Sequence[tuple[str, str]]) -> str:
     """Name/value rows, the values in one column (``check``'s plan, ``status``)."""
     width = max((len(name) for name, _ in rows), default=0)

@@ -1,4 +1,4 @@
-"""``vllm-minimax-m3-kv [check] ... | status | selftest | --version``.
+"""``vllm-minimax-m3-kv [check] ... | status | selftest | bench | --version``.
 
 A small dispatcher, as ``vllm/entrypoints/cli/main.py`` is: each command is
 imported only when it runs, so ``status`` never pays for ``check``'s imports
@@ -38,10 +38,18 @@ def _selftest(argv: list[str]) -> int:
     return main(argv)
 
 
+def _bench(argv: list[str]) -> int:
+    # Times this node's GPU; --plan --target T plans for another.
+    from vllm_minimax_m3_kv.entrypoints.bench import main
+
+    return main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "check": _check,
     "status": _status,
     "selftest": _selftest,
+    "bench": _bench,
 }
 """Each command and what runs it; ``check`` is also the default."""
 
