@@ -26,7 +26,12 @@ from typing import Any
 import minimaxm3_logprobs as teacher_forced
 import minimaxm3_paired as paired_rule
 import minimaxm3_ruler as ruler
-from minimaxm3_longctx import INDEXER_KEEPS, post_json
+from minimaxm3_longctx import (
+    INDEXER_KEEPS,
+    add_server_options,
+    post_json,
+    server_url,
+)
 from minimaxm3_longctx import scores as long_context_scores
 
 PROBE_FILE = "agreement.json"
@@ -156,7 +161,7 @@ def _refusal(error: urllib.error.HTTPError) -> str:
 
 
 def probe(options: argparse.Namespace) -> int:
-    base_url = f"http://127.0.0.1:{options.port}"
+    base_url = server_url(options)
 
     def count_tokens(prompt: str) -> int:
         # The served tokenizer, as vLLM counts the prompt against max_model_len.
@@ -746,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("probe")
-    p.add_argument("--port", required=True)
+    add_server_options(p)
     p.add_argument("--model", required=True)
     p.add_argument("--max-model-len", type=int, required=True)
     p.add_argument("--max-tokens", type=int, default=32)

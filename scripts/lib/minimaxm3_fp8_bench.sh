@@ -28,12 +28,15 @@ REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
 OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL LONG_EVAL_LENGTHS LONG_EVAL_DOCS
     RULER_TASKS RULER_EVAL_DOCS LOGPROB_EVAL_LENGTHS LOGPROB_EVAL_DOCS EVAL_TASK EVAL_INCLUDE_PATH
-    GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HEALTH_TIMEOUT_S
+    GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HOST VLLM_API_KEY HEALTH_TIMEOUT_S
     POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN LM_EVAL_BIN)
 
 DEFAULT_KV_PRECISION=fp8
 DEFAULT_COMPARE_POOLS="stock fp8"
 DEFAULT_HEALTH_TIMEOUT_S=1800
+# The scripts' own servers listen on loopback only: the script is their only
+# client, and a server on every interface lets anyone skew the A/B.
+DEFAULT_HOST=127.0.0.1
 DEFAULT_POOL_LINE_TIMEOUT_S=60
 DEFAULT_VLLM_BIN=vllm
 DEFAULT_CHECK_BIN=vllm-minimax-m3-kv
@@ -90,7 +93,9 @@ usage: $0 [--dry-run | --help]
 MiniMax-M3 on ${TARGET}: preflight (vllm-minimax-m3-kv check), vllm serve,
 wait for /health, confirm the KV pool (the plugin's log lines, then one short
 greedy completion whose logprobs must all be finite), vllm bench serve, stop
-the server. --dry-run prints the commands and runs only the preflight.
+the server. It starts nothing if PORT is taken, and measures only the server it
+started (alive after /health, serving MODEL). --dry-run prints the commands and
+runs only the preflight.
 KV_PRECISION=compare does this once per pool in COMPARE_POOLS, one server at a
 time, and ends with a table and the pool to run (docs/deploying.md).
 
@@ -126,6 +131,10 @@ optional environment (default):
   EVAL_INCLUDE_PATH       lm-eval --include_path, for a task of your own (unset)
   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (unset: vLLM's default, as the public recipe)
   MAX_NUM_BATCHED_TOKENS  --max-num-batched-tokens (unset: vLLM's default, as the public recipe)
+  HOST                    address vllm serve listens on (${DEFAULT_HOST}: this machine only; 0.0.0.0
+                          listens on every interface, the script still talks to 127.0.0.1)
+  VLLM_API_KEY            API key vllm serve requires (vLLM reads it); the script's own requests,
+                          vllm bench serve (as OPENAI_API_KEY), lm-eval and the helpers send it (unset)
   HEALTH_TIMEOUT_S        seconds to wait for /health (${DEFAULT_HEALTH_TIMEOUT_S})
   POOL_LINE_TIMEOUT_S     seconds the KV pool line may trail /health (${DEFAULT_POOL_LINE_TIMEOUT_S})
   VLLM_ENGINE_READY_TIMEOUT_S  vLLM's engine start timeout (3600)
@@ -402,10 +411,10 @@ build_commands() {
     [[ -z "${MAX_NUM_BATCHED_TOKENS:-}" ]] ||
         shared+=(--max-num-batched-tokens "$MAX_NUM_BATCHED_TOKENS")
     SERVE_FLAGS=("${PRECISION_FLAGS[@]}" "${shared[@]}")
-    SERVE_CMD=("$VLLM_BIN" serve "$SERVED_MODEL" --port "$PORT"
+    SERVE_CMD=("$VLLM_BIN" serve "$SERVED_MODEL" --host "$(serve_host)" --port "$PORT"
         "${SERVE_FLAGS[@]}")
     BENCH_CMD=("$VLLM_BIN" bench serve
-        --model "$SERVED_MODEL" --port "$PORT"
+        --model "$SERVED_MODEL" --host "$(client_host)" --port "$PORT"
         --dataset-name random
         --random-input-len "$ISL" --random-output-len "$OSL"
         --random-range-ratio "$RANDOM_RANGE_RATIO"
@@ -415,7 +424,7 @@ build_commands() {
     # tokenizer_backend=none: lm-eval sends text and needs no tokenizer of its
     # own (else it asks /tokenizer_info, which vllm serve answers only with
     # --enable-tokenizer-info-endpoint, then imports transformers).
-    EVAL_MODEL_ARGS="model=${SERVED_MODEL},base_url=http://127.0.0.1:${PORT}/v1/completions,num_concurrent=${CONC},tokenized_requests=False,tokenizer_backend=none"
+    EVAL_MODEL_ARGS="model=${SERVED_MODEL},base_url=$(base_url)/v1/completions,num_concurrent=${CONC},tokenized_requests=False,tokenizer_backend=none"
     EVAL_CMD=("$LM_EVAL_BIN" --model local-completions --tasks "${EVAL_TASK:-gsm8k}"
         --model_args "$EVAL_MODEL_ARGS" --output_path "$RESULT_DIR/eval")
     [[ -z "${EVAL_INCLUDE_PATH:-}" ]] || EVAL_CMD+=(--include_path "$EVAL_INCLUDE_PATH")
@@ -424,7 +433,7 @@ build_commands() {
     local lengths=(--lengths "${LONG_EVAL_LENGTHS:-$DEFAULT_LONG_EVAL_LENGTHS}"
         --max-model-len "$MAX_MODEL_LEN")
     LONG_EVAL_BUILD_CMD=(python3 "$LONG_EVAL_HELPER" build "${lengths[@]}"
-        --port "$PORT" --model "$SERVED_MODEL"
+        --host "$(client_host)" --port "$PORT" --model "$SERVED_MODEL"
         --docs "$(eval_docs LONG_EVAL_DOCS)"
         --out-dir "$RESULT_DIR/long_context")
     LONG_EVAL_CMD=() RULER_LENGTHS=() LOGPROB_CMD=()
@@ -438,13 +447,13 @@ build_commands() {
         read -r -a RULER_LENGTHS <<<"$(ruler_lengths 2>/dev/null)"
         fit="$(logprob_lengths 2>/dev/null)"
         [[ -z "$fit" ]] ||
-            LOGPROB_CMD=(python3 "$LOGPROB_HELPER" run --port "$PORT"
+            LOGPROB_CMD=(python3 "$LOGPROB_HELPER" run --host "$(client_host)" --port "$PORT"
                 --model "$SERVED_MODEL" --lengths "$fit"
                 --max-model-len "$MAX_MODEL_LEN"
                 --docs "$(eval_docs LOGPROB_EVAL_DOCS)"
                 --out "$RESULT_DIR/logprobs.json")
     fi
-    PROBE_CMD=(python3 "$COMPARE_HELPER" probe --port "$PORT"
+    PROBE_CMD=(python3 "$COMPARE_HELPER" probe --host "$(client_host)" --port "$PORT"
         --model "$SERVED_MODEL" --max-model-len "$MAX_MODEL_LEN"
         --out "$RESULT_DIR/agreement.json")
     # The preflight judges exactly what will be served: MODEL_PATH (a typo
@@ -573,14 +582,76 @@ fail_with_log() {
     exit 1
 }
 
+serve_host() {
+    echo "${HOST:-$DEFAULT_HOST}"
+}
+
+client_host() {
+    # Where the script reaches its own server: a wildcard listen address is
+    # reached on loopback.
+    case "$(serve_host)" in
+    0.0.0.0 | "::" | "[::]") echo 127.0.0.1 ;;
+    *) serve_host ;;
+    esac
+}
+
+base_url() {
+    echo "http://$(client_host):${PORT}"
+}
+
+api_curl() {
+    # curl to the script's own server, with the API key where one is set
+    # (read from the environment, never printed).
+    local auth=()
+    [[ -z "${VLLM_API_KEY:-}" ]] || auth=(-H "Authorization: Bearer ${VLLM_API_KEY}")
+    curl -sf "${auth[@]}" "$@"
+}
+
+refuse_if_port_taken() {
+    # Before anything starts: a server already on PORT (another team's vLLM)
+    # would answer /health and be measured as this pool.
+    local pool=""
+    [[ -z "$COMPARE_CHILD" ]] || pool="KV_PRECISION=${KV_PRECISION}: "
+    if ! python3 - "$(serve_host)" "$PORT" <<'PY'; then
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+with socket.socket(family, socket.SOCK_STREAM) as sock:
+    # As the server binds (uvicorn sets SO_REUSEADDR): only a listener, not
+    # the last pool's closed connections, makes the port taken.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sys.exit(1)
+PY
+        echo "error: ${pool}PORT=${PORT} is already in use on $(serve_host) (another server?);" \
+            "nothing started; set PORT to a free port" >&2
+        exit 2
+    fi
+}
+
 wait_for_health() {
     local deadline=$((SECONDS + HEALTH_TIMEOUT_S))
-    until curl -sf "http://127.0.0.1:${PORT}/health" >/dev/null 2>&1; do
+    until api_curl "$(base_url)/health" >/dev/null 2>&1; do
         kill -0 "$SERVER_PID" 2>/dev/null || fail_with_log "the server exited"
         ((SECONDS < deadline)) ||
             fail_with_log "no /health within ${HEALTH_TIMEOUT_S}s"
         sleep 2
     done
+    # Health means this script's server: still alive once the port answers,
+    # and serving the model it was started with.
+    kill -0 "$SERVER_PID" 2>/dev/null ||
+        fail_with_log "a server answers on PORT=${PORT}, but not the one this script started (it exited)"
+    local models
+    models=$(api_curl "$(base_url)/v1/models") ||
+        fail_with_log "the server on PORT=${PORT} answers /health but not /v1/models"
+    python3 -c '
+import json, sys
+ids = [m.get("id") for m in json.loads(sys.stdin.read()).get("data", [])]
+sys.exit(0 if sys.argv[1] in ids else 1)
+' "$SERVED_MODEL" <<<"$models" ||
+        fail_with_log "the server on PORT=${PORT} does not serve ${SERVED_MODEL}: not the one this script started"
 }
 
 confirm_pool() {
@@ -609,7 +680,7 @@ confirm_finite_logprobs() {
     local body response
     body=$(printf '{"model": "%s", "prompt": "%s", "max_tokens": 8, "temperature": 0, "logprobs": 1}' \
         "$SERVED_MODEL" "The capital of France is")
-    response=$(curl -sf "http://127.0.0.1:${PORT}/v1/completions" \
+    response=$(api_curl "$(base_url)/v1/completions" \
         -H 'Content-Type: application/json' -d "$body") ||
         fail_with_log "the confirmation completion request failed"
     local verdict
@@ -644,6 +715,7 @@ compare_pools() {
         --workload "ISL=${ISL} OSL=${OSL} CONC=${CONC} TP=${TP} MAX_MODEL_LEN=${MAX_MODEL_LEN}"
         --eval-task "${EVAL_TASK:-gsm8k}"
         "${pools[@]}")
+    [[ "${1:-}" == --dry-run ]] || refuse_if_port_taken
     echo "== ${TARGET}: KV_PRECISION=compare: ${pools[*]}, one server at a time; reference ${pools[0]}"
     trap 'stop_pool; exit 143' TERM
     trap 'stop_pool; exit 130' INT
@@ -756,6 +828,9 @@ minimaxm3_main() {
         return 0
     fi
 
+    refuse_if_port_taken
+    # vllm bench serve and lm-eval send OPENAI_API_KEY; vLLM reads VLLM_API_KEY.
+    [[ -z "${VLLM_API_KEY:-}" ]] || export OPENAI_API_KEY="$VLLM_API_KEY"
     mkdir -p "$RESULT_DIR"
     SERVER_LOG="$RESULT_DIR/server.log"
     trap stop_server EXIT

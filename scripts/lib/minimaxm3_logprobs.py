@@ -41,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 import minimaxm3_paired as paired_rule
-from minimaxm3_longctx import INDEXER_KEEPS, fitting_lengths, post_json
+from minimaxm3_longctx import (
+    INDEXER_KEEPS,
+    add_server_options,
+    fitting_lengths,
+    post_json,
+    server_url,
+)
 
 DEFAULT_LENGTHS = (32_768, 65_536, 131_072)
 DEFAULT_DOCS = 32
@@ -160,7 +166,7 @@ def scored(
 
 
 def run(options: argparse.Namespace) -> int:
-    base_url = f"http://127.0.0.1:{options.port}"
+    base_url = server_url(options)
 
     def tokenize(prompt: str) -> list[int]:
         # The served tokenizer, as vLLM encodes the completion's prompt.
@@ -304,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     sub = commands.add_parser("run")
-    sub.add_argument("--port", required=True)
+    add_server_options(sub)
     sub.add_argument("--model", required=True)
     sub.add_argument("--lengths", type=_lengths, required=True)
     sub.add_argument("--max-model-len", type=int, required=True)

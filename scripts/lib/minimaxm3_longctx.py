@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import urllib.request
@@ -205,23 +206,35 @@ def build(
     return written
 
 
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """Where the launch script's own server is (the helpers here share it)."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", required=True)
+
+
+def server_url(options: argparse.Namespace) -> str:
+    return f"http://{options.host}:{options.port}"
+
+
 def post_json(base_url: str, path: str, body: dict, timeout: float = 600) -> Any:
     """One JSON request to the served model's API and its JSON reply (the
     helpers here share it)."""
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("VLLM_API_KEY"):
+        # The key vllm serve was started with (vLLM reads the same variable).
+        headers["Authorization"] = f"Bearer {os.environ['VLLM_API_KEY']}"
     request = urllib.request.Request(
-        f"{base_url}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        f"{base_url}{path}", data=json.dumps(body).encode(), headers=headers
     )
     with urllib.request.urlopen(request, timeout=timeout) as reply:
         return json.loads(reply.read())
 
 
-def _tokenizer_of(port: str, model: str) -> Callable[[str], int]:
+def _tokenizer_of(base_url: str, model: str) -> Callable[[str], int]:
     def count_tokens(prompt: str) -> int:
         # The served tokenizer, as vLLM counts a prompt against max_model_len.
         body = {"model": model, "prompt": prompt}
-        return int(post_json(f"http://127.0.0.1:{port}", "/tokenize", body)["count"])
+        return int(post_json(base_url, "/tokenize", body)["count"])
 
     return count_tokens
 
@@ -294,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--lengths", type=_lengths, required=True)
         sub.add_argument("--max-model-len", type=int, required=True)
         if command == "build":
-            sub.add_argument("--port", required=True)
+            add_server_options(sub)
             sub.add_argument("--model", required=True)
             sub.add_argument("--docs", type=int, default=DEFAULT_DOCS)
             sub.add_argument("--out-dir", type=Path, required=True)
@@ -311,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if options.command == "build":
-        count_tokens = _tokenizer_of(options.port, options.model)
+        count_tokens = _tokenizer_of(server_url(options), options.model)
         try:
             built = build(options.out_dir, lengths, options.docs, count_tokens)
         except (OSError, RuntimeError, KeyError, ValueError) as error:

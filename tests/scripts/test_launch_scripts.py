@@ -295,6 +295,107 @@ def test_server_that_never_gets_healthy_misses_the_deadline(tmp_path):
     assert_no_server_left(tmp_path)
 
 
+class ForeignServer:
+    """Another team's server on the port: answers /health and completions on
+    127.0.0.1, and counts every request it gets."""
+
+    def __init__(self, port: int) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[str] = []
+        seen = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen.append(f"GET {self.path}")
+                self.send_response(200)
+                self.end_headers()
+
+            def do_POST(self):
+                seen.append(f"POST {self.path}")
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b'{"choices": [{"text": ""}]}')
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("precision", ["stock", "fp8", "compare"])
+def test_a_foreign_server_on_the_port_is_refused_before_anything_starts(
+    tmp_path, precision
+):
+    # Before: the script started its own server (which died on "Address
+    # already in use"), took the other server's /health for its own and sent
+    # it the confirmation completion.
+    env = inputs(tmp_path, STANDIN_MODE="healthy", KV_PRECISION=precision)
+    env.update(PREFLIGHT_PASSES)
+    other = ForeignServer(int(env["PORT"]))
+    try:
+        proc = run_script("minimaxm3_fp8_mi355x.sh", env)
+    finally:
+        other.close()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert f"PORT={env['PORT']} is already in use on 127.0.0.1" in errors[0]
+    assert "set PORT to a free port" in errors[0]
+    assert "server healthy" not in proc.stdout
+    assert not (tmp_path / "server.pid").exists()  # no server started
+    assert other.requests == []  # nothing sent to it
+    assert not (tmp_path / "results" / "result.json").exists()
+
+
+def test_a_server_not_serving_the_model_is_not_taken_for_this_scripts(tmp_path):
+    # Health means our server: the one the script started, serving MODEL.
+    env = inputs(tmp_path, STANDIN_MODE="healthy", STANDIN_SERVED_AS="someone/else")
+    env.update(PREFLIGHT_PASSES)
+    proc = run_script("minimaxm3_fp8_mi355x.sh", env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "does not serve MiniMaxAI/MiniMax-M3: not the one this script started" in (
+        proc.stderr
+    )
+    assert "server healthy" not in proc.stdout
+    assert not (tmp_path / "results" / "result.json").exists()
+    assert_no_server_left(tmp_path)
+
+
+def test_the_server_listens_on_loopback_and_every_client_sends_the_api_key(tmp_path):
+    env = inputs(tmp_path, STANDIN_MODE="healthy", KV_PRECISION="fp8")
+    env.update(
+        PREFLIGHT_PASSES, VLLM_API_KEY="s3cret", STANDIN_AUTH_LOG=str(tmp_path / "auth")
+    )
+    proc = run_script("minimaxm3_fp8_mi355x.sh", env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " --host 127.0.0.1 --port " in serve_line(proc.stdout)
+    assert "s3cret" not in proc.stdout + proc.stderr  # never printed
+    checked = (tmp_path / "auth").read_text().split("\n")
+    assert "ok /v1/models" in checked and "ok /v1/completions" in checked
+    assert "ok bench" in checked and not [c for c in checked if c.startswith("refused")]
+    assert_no_server_left(tmp_path)
+
+
+def test_the_dry_run_shows_the_listen_address_and_host_changes_it(tmp_path):
+    proc = run_script("minimaxm3_fp8_b300.sh", inputs(tmp_path), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert " --host 127.0.0.1 --port " in serve_line(proc.stdout)
+    assert "--host 127.0.0.1" in proc.stdout.split("== bench", 1)[1]
+    every = run_script(
+        "minimaxm3_fp8_b300.sh", inputs(tmp_path, HOST="0.0.0.0"), "--dry-run"
+    )
+    assert " --host 0.0.0.0 --port " in serve_line(every.stdout)
+    # The script still reaches its server on loopback.
+    assert "--host 127.0.0.1" in every.stdout.split("== bench", 1)[1]
+
+
 def test_preflight_failure_refuses_to_launch(tmp_path):
     # A workload that turns AITER sparse PA on, past the AITER top-k's 8192
     # blocks, at TP 2 (two KV heads per rank, which AITER sparse PA serves
