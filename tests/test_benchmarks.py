@@ -116,13 +116,13 @@ def test_the_decode_plan_is_one_launch_per_dtype_on_cuda():
     assert all(len(row["arms"]) == 2 for row in plan["rows"])
 
 
-def _rendered(module: str, record: str) -> tuple[str, str]:
-    """What ``module --render`` prints for a committed GPU run, and
+def _rendered(module: str, record: str, *command: str) -> tuple[str, str]:
+    """What ``module [command] --render`` prints for a committed GPU run, and
     docs/performance.md."""
     from vllm_minimax_m3_kv_sim import REPO
 
     run = REPO / "tests" / "data" / "device_records" / record
-    proc = run_python(["-m", module, "--render", str(run)], {}, 120)
+    proc = run_python(["-m", module, *command, "--render", str(run)], {}, 120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     performance = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
     return proc.stdout.strip(), performance
@@ -131,7 +131,7 @@ def _rendered(module: str, record: str) -> tuple[str, str]:
 def test_the_h200_decode_table_in_the_docs_is_the_committed_runs():
     # docs/performance.md carries the table --render prints for the device
     # check's committed run; a rerun that changes it changes both.
-    table, performance = _rendered("benchmarks.decode_scorer", "h200.json")
+    table, performance = _rendered("vllm_minimax_m3_kv", "h200.json", "bench")
     assert "on NVIDIA H200" in table
     assert "| 64    | 131,072 | 1 of 1 | 487.0   | 258.5  | 0.53x" in table
     assert table in performance

@@ -214,8 +214,8 @@ PATCHES: tuple[Patch, ...] = (
             "takes split-K. On fp8 that kernel selects exactly the blocks it "
             "selects on the same values in bf16 (Triton's interpreter, "
             "tests/kernels/test_rocm_fp8_triton_indexer.py); whether it is "
-            "faster is unmeasured (python -m benchmarks.decode_scorer on the "
-            "node measures it)."
+            "faster is unmeasured (vllm-minimax-m3-kv bench on the node "
+            "measures it)."
         ),
         how=(
             "Off unless VLLM_MINIMAX_M3_KV_FP8_BALANCED_DECODE=1 when a worker "
