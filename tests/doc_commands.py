@@ -52,6 +52,16 @@ def check_one(case: list[str]) -> str | None:
         except CheckUsageError as error:
             return f"check {args}: {error}"
         return None
+    if kind == "bench":
+        from vllm_minimax_m3_kv.entrypoints.bench import build_parser as bench_parser
+
+        try:
+            options = bench_parser().parse_args(args)
+        except SystemExit:
+            return f"bench {args}: rejected by bench's parser"
+        if options.render is not None and not options.render.is_file():
+            return f"bench {args}: no file {options.render}"
+        return None
     if kind == "serve":
         from vllm.entrypoints.common.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser

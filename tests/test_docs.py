@@ -343,7 +343,9 @@ def test_every_command_in_the_docs_runs_as_written(tmp_path):
         program = words[0]
         if line in RUN_ELSEWHERE or program in EXTERNAL:
             continue
-        if program == "vllm-minimax-m3-kv" or words[:3] == [
+        if program == "vllm-minimax-m3-kv" and words[1:2] == ["bench"]:
+            to_parse.append(["bench", *words[2:]])
+        elif program == "vllm-minimax-m3-kv" or words[:3] == [
             "python",
             "-m",
             "vllm_minimax_m3_kv",

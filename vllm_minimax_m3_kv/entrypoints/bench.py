@@ -7,11 +7,10 @@ an fp8 index cache holding the same values, in the fp8 type serving stores
 (e4m3fnuz on gfx942, e4m3fn elsewhere), per batch (1-64), context (8K-128K)
 and query length (1, and 2 for MTP verification), one index head (TP 4 and 8).
 
-What serving does, and so what is timed: the top-k buffer and, on ROCm, the
-completion counter are allocated once and passed in (as under CUDA graphs:
-no memset per step); each launch starts from a cold cache (a 512 MiB buffer
-is written between launches, past MI300X's and MI355X's 256 MiB Infinity Cache
-and H200's L2), so the index-K bytes each dtype reads come from HBM.
+As serving runs it: the top-k buffer and, on ROCm, the completion counter are
+allocated once (as under CUDA graphs), and each launch starts from a cold cache
+(512 MiB written between launches, past MI300X's and MI355X's 256 MiB Infinity
+Cache), so each dtype's index-K bytes come from HBM.
 
 vLLM's launch policy picks the scorer's configuration per dtype: on gfx950 a
 tuned "balanced" kernel for bf16 at 1-11 requests and a high-batch split at
@@ -28,8 +27,8 @@ each arm (asked of vLLM's own policy functions), and checks it; it runs
 anywhere, for this node or for ``--target T`` (no GPU needed). Ratios come
 from one run on one GPU. Without a GPU nothing is timed: exit 2.
 
-Each launch is queued behind a GPU wait of about 1 ms, so the events time the
-kernels and not Python's launch cost (CUDA graphs hide it in serving).
+Each launch is queued behind a ~1 ms GPU wait, so the events time the kernels,
+not Python's launch cost (CUDA graphs hide it in serving).
 """
 
 from __future__ import annotations
@@ -73,8 +72,7 @@ NO_GPU = (
     "vLLM and its kernels are installed); --plan shows what it would time"
 )
 EXIT_TIMED, EXIT_PLAN_WRONG, EXIT_NOT_RUN = 0, 1, 2
-"""``bench``'s exit codes: timed (or, with ``--plan``, a plan that checks),
-a plan that does not measure what serving runs, nothing timed (no GPU)."""
+"""Timed (``--plan``: the plan checks); the plan is wrong; nothing timed."""
 OPS_MODULES = {
     "rocm": "vllm.models.minimax_m3.amd.ops.index_topk",
     "cuda": "vllm.models.minimax_m3.common.ops.index_topk",
@@ -110,48 +108,34 @@ def _platform(target: str = HERE) -> dict[str, Any]:
     target (its vendor's scorer module, its arch and fp8 flavour)."""
     import torch
 
-    if target != HERE:
+    if target == HERE:
+        from vllm.models.minimax_m3.common import indexer as vllm_indexer
+        from vllm.platforms import current_platform
+
+        from vllm_minimax_m3_kv.selftest import platform_fp8
+
+        ops = sys.modules[vllm_indexer.minimax_m3_index_decode.__module__]
+        rocm, name, fp8_indexer = current_platform.is_rocm(), "this node", True
+        gfx950 = rocm and importlib.import_module("vllm.platforms.rocm").on_gfx950()
+        fnuz = platform_fp8().dtype == "float8_e4m3fnuz"
+    else:
         facts = TARGET_PLATFORMS[target]
         ops = importlib.import_module(OPS_MODULES[facts["vendor"]])
-        fnuz = bool(facts.get("fp8_fnuz"))
+        rocm, name = facts["vendor"] == "rocm", facts["name"]
+        gfx950, fnuz = bool(facts.get("rocm_gfx950")), bool(facts.get("fp8_fnuz"))
         fp8_indexer = bool(
-            facts.get("rocm_gfx950")
-            or facts.get("rocm_gfx942")
-            or facts.get("cuda_supports_fp8")
+            gfx950 or facts.get("rocm_gfx942") or facts.get("cuda_supports_fp8")
         )
-        return {
-            "ops": ops,
-            "decode": ops.minimax_m3_index_decode,
-            "gfx950": bool(facts.get("rocm_gfx950")),
-            "rocm": facts["vendor"] == "rocm",
-            "fnuz": fnuz,
-            "fp8_indexer": fp8_indexer,
-            "name": facts["name"],
-            "dtypes": {
-                "bf16": torch.bfloat16,
-                "fp8": torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn,
-            },
-        }
-    from vllm.models.minimax_m3.common import indexer as vllm_indexer
-    from vllm.platforms import current_platform
-
-    from vllm_minimax_m3_kv.selftest import platform_fp8
-
-    ops = sys.modules[vllm_indexer.minimax_m3_index_decode.__module__]
-    gfx950 = False
-    if current_platform.is_rocm():
-        from vllm.platforms.rocm import on_gfx950
-
-        gfx950 = on_gfx950()
+    fp8 = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
     return {
         "ops": ops,
-        "decode": vllm_indexer.minimax_m3_index_decode,
-        "gfx950": gfx950,
-        "rocm": current_platform.is_rocm(),
-        "fnuz": platform_fp8().dtype == "float8_e4m3fnuz",
-        "fp8_indexer": True,
-        "name": "this node",
-        "dtypes": {"bf16": torch.bfloat16, "fp8": platform_fp8().torch_dtype},
+        "decode": ops.minimax_m3_index_decode,
+        "gfx950": bool(gfx950),
+        "rocm": rocm,
+        "fnuz": fnuz,
+        "fp8_indexer": fp8_indexer,
+        "name": name,
+        "dtypes": {"bf16": torch.bfloat16, "fp8": fp8},
     }
 
 
@@ -439,8 +423,8 @@ def render(report: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``vllm-minimax-m3-kv bench``; its exit code."""
+def build_parser() -> argparse.ArgumentParser:
+    """``bench``'s flags (the docs' commands are checked against it)."""
     from vllm_minimax_m3_kv._versions import DISTRIBUTION
 
     parser = argparse.ArgumentParser(
@@ -473,6 +457,14 @@ def main(argv: list[str] | None = None) -> int:
         "the device check's device_check.json) instead of running",
     )
     add_output_flags(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vllm-minimax-m3-kv bench``; its exit code."""
+    from vllm_minimax_m3_kv._versions import DISTRIBUTION
+
+    parser = build_parser()
     options = parser.parse_args(argv)
     out = Output.asked_by(options)
     if options.render is not None:
