@@ -12,6 +12,7 @@ variable, so ``...=false`` can never turn a switch on.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 ALLOW_MIXED_ENV = "VLLM_MINIMAX_M3_KV_ALLOW_MIXED"
 """The operator's explicit opt-in to a mixed pool (fp8 or other main cache
@@ -49,7 +50,7 @@ SWITCHES = (ALLOW_MIXED_ENV, SKIP_SELFTEST_ENV, FP8_BALANCED_DECODE_ENV)
 none of them takes stops ``vllm serve`` whatever the model."""
 
 
-def switch_problem(environ: dict[str, str] | None = None) -> str | None:
+def switch_problem(environ: Mapping[str, str] | None = None) -> str | None:
     """The error ``vllm serve`` raises for the first switch in ``environ``
     (this process's by default) that holds no switch value, or None."""
     environ = os.environ if environ is None else environ
