@@ -66,6 +66,8 @@ FAST: dict[str, frozenset[str] | None] = {
             "test_continuations_join_and_comments_and_blanks_are_skipped",
             "test_the_public_recipe_is_one_command",
             "test_the_exit_code_is_the_worst_verdict",
+            "test_a_script_is_read_as_bash_runs_it",
+            "test_skipped_lines_count_for_nothing_and_unjudged_serve_lines_do",
         }
     ),
     "tests/entrypoints/test_output.py": frozenset(

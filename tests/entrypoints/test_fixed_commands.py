@@ -17,7 +17,7 @@ import shlex
 import pytest
 
 from tests.entrypoints.test_check import run_checks
-from vllm_minimax_m3_kv.entrypoints.check.batch import split_command
+from vllm_minimax_m3_kv.entrypoints.check.script import split_command
 from vllm_minimax_m3_kv.verdict_text import apply_fix, fixed_command
 from vllm_minimax_m3_kv_sim import REPO
 from vllm_minimax_m3_kv_sim.environments import AITER_SPARSE_PA

@@ -73,13 +73,18 @@ def prepare_process(argv: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
-    """``env`` over this process's environment, for one command's check."""
+def _environment(env: Mapping[str, str | None] | None) -> Iterator[None]:
+    """``env`` over this process's environment (None: unset), for one
+    command's check."""
     if not env:
         yield
         return
     saved = dict(os.environ)
-    os.environ.update(env)
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     try:
         yield
     finally:
@@ -89,7 +94,7 @@ def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
 
 def run_check(
     argv: list[str],
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     early: EarlyAnswer | None = None,
 ) -> CheckResult:
     """Judge one ``check`` command line (``vllm serve`` flags plus check's)
