@@ -32,8 +32,9 @@ from vllm_minimax_m3_kv.entrypoints.check.pool import plugin_plan, stock_plan
 from vllm_minimax_m3_kv.entrypoints.output import Output
 
 
-def plan_for(args: argparse.Namespace) -> Plan:
-    """Judge parsed ``vllm serve`` arguments for ``args.target``."""
+def engine_args_for(args: argparse.Namespace) -> tuple[Any, str]:
+    """``vllm serve``'s EngineArgs for parsed arguments (the bundled config
+    where no model is named), and the flags set aside for it, with why."""
     from vllm.engine.arg_utils import EngineArgs
 
     if args.model_tag is not None:
@@ -51,9 +52,35 @@ def plan_for(args: argparse.Namespace) -> Plan:
                 "does not change the KV pool)"
             )
             args.reasoning_parser = ""
+    # EngineArgs resolves a hub id to a local snapshot on construction.
+    return EngineArgs.from_cli_args(args), not_judged
+
+
+def plan_for(args: argparse.Namespace, argv: list[str] | None = None) -> Plan:
+    """Judge parsed ``vllm serve`` arguments for ``args.target``; ``argv``,
+    what they were parsed from, lets stock vLLM's own build answer where
+    ``VLLM_PLUGINS`` leaves the plugin out."""
+    from vllm_minimax_m3_kv.entrypoints.check import stock_build
+
+    # Stock's build runs in a child while this process judges.
+    stock_child = (
+        stock_build.start(argv, args.target)
+        if argv is not None and plugin_excluded()
+        else None
+    )
     try:
-        # EngineArgs resolves a hub id to a local snapshot on construction.
-        engine_args = EngineArgs.from_cli_args(args)
+        return _plan(args, stock_child)
+    finally:
+        if stock_child is not None and stock_child.poll() is None:
+            stock_child.kill()  # this command was refused before its answer
+            stock_child.wait()
+
+
+def _plan(args: argparse.Namespace, stock_child: Any) -> Plan:
+    from vllm_minimax_m3_kv.entrypoints.check import stock_build
+
+    try:
+        engine_args, not_judged = engine_args_for(args)
         model_config = engine_args.create_model_config()
     except Exception as error:  # unreadable model: this command's usage error
         raise CheckUsageError(unreadable_model(args.model, error)) from error
@@ -64,14 +91,16 @@ def plan_for(args: argparse.Namespace) -> Plan:
         )
     executor_note = without_ray_if_absent(engine_args)
     # The facts come from the plugin's hook inside vLLM's own validation,
-    # whatever VLLM_PLUGINS says; with the plugin left out, stock's plan.
+    # whatever VLLM_PLUGINS says (a refused stock command's fix turns the
+    # plugin on); with the plugin left out, stock's own build answers.
     register()
     facts, verdict = judge_like_vllm_serve(
         engine_args, args.target, quiet=not args.verbose
     )
-    if plugin_excluded():
+    if stock_child is not None:
+        stock = stock_build.answer(stock_child)
         return replace(
-            stock_plan(model_config, facts, args.target, executor_note),
+            stock_plan(model_config, facts, verdict, stock, args.target, executor_note),
             not_judged=not_judged,
         )
     return replace(

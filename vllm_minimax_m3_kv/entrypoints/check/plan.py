@@ -62,6 +62,12 @@ class Plan:
     pipeline_stages: list[dict[str, Any]] = field(default_factory=list)
     """Each pipeline stage's part of the pool (PP > 1): its layers, the main
     cache dtypes they store, and how many hold an index cache."""
+    stock_starts: bool = True
+    """False where stock vLLM 0.33 refuses this command: there is no stock
+    pool to compare capacity with."""
+    precision_kinds: list[str] = field(default_factory=list)
+    """Stock's own build: each (dtype, quantization mode) its specs hold,
+    vLLM's measure of a mixed pool (plugin off only)."""
 
     def render(self) -> str:
         rows = [("plugin", self.plugin)] if self.plugin != "on" else []
@@ -85,24 +91,37 @@ class Plan:
                 for stage in self.pipeline_stages
             ]
         rows += [
-            ("uniform precision", "yes" if self.uniform_precision else "no"),
+            ("uniform precision", self._uniform_row()),
             ("KV block zeroer", self.kv_block_zeroer),
             (
                 f"bytes/token @TP{self.tensor_parallel_size}",
                 f"main {self.bytes_per_token_main:,} + indexer "
                 f"{self.bytes_per_token_indexer:,} = {self.bytes_per_token_total:,}",
             ),
-            (
-                "token capacity vs stock",
-                f"{self.token_capacity_vs_stock:.2f}x (stock vLLM 0.33 running "
-                f"this command: {self.stock_bytes_per_token_total:,} bytes/token)",
-            ),
+            ("token capacity vs stock", self._capacity_row()),
         ]
         if self.executor_note:
             rows.append(("executor backend", self.executor_note))
         if self.not_judged:
             rows.append(("not judged", self.not_judged))
         return aligned(rows)
+
+    def _uniform_row(self) -> str:
+        if self.uniform_precision:
+            return "yes"
+        if len(self.precision_kinds) > 1:
+            # fp8 beside fp8 can be two kinds to vLLM: say which two.
+            kinds = ", ".join(self.precision_kinds)
+            return f"no: vLLM 0.33 counts {len(self.precision_kinds)} kinds ({kinds})"
+        return "no"
+
+    def _capacity_row(self) -> str:
+        if not self.stock_starts:
+            return "none to compare: stock vLLM 0.33 cannot start this command"
+        return (
+            f"{self.token_capacity_vs_stock:.2f}x (stock vLLM 0.33 running "
+            f"this command: {self.stock_bytes_per_token_total:,} bytes/token)"
+        )
 
     def _main_row(self) -> str:
         if self.kv_cache_dtype == "auto" and self.model_dtype:

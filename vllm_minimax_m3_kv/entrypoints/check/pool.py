@@ -18,9 +18,9 @@ from vllm_minimax_m3_kv.config.targets import HERE
 from vllm_minimax_m3_kv.config.verdicts import Fix, Outcome, Verdict, facts_with_fix
 from vllm_minimax_m3_kv.entrypoints.check.early import versions_line
 from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
+from vllm_minimax_m3_kv.entrypoints.check.stock_build import StockBuild
 from vllm_minimax_m3_kv.entrypoints.check.stock_vllm import (
     bf16_pool_vllm_cannot_build,
-    stock_pool,
 )
 from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
 from vllm_minimax_m3_kv.verdict_text import fix_edits
@@ -128,51 +128,113 @@ def _stock_kv_source(facts: PrecisionFacts) -> str:
 
 
 def stock_plan(
-    model_config: Any, facts: PrecisionFacts, target: str, executor_note: str
+    model_config: Any,
+    facts: PrecisionFacts,
+    verdict: Verdict,
+    stock: StockBuild,
+    target: str,
+    executor_note: str,
 ) -> Plan:
-    """What ``vllm serve`` runs with this plugin left out by VLLM_PLUGINS."""
+    """What ``vllm serve`` runs with this plugin left out by VLLM_PLUGINS:
+    stock vLLM's own build (:mod:`.stock_build`) answers; ``verdict`` (the
+    plugin's) only says whether turning the plugin on is a fix."""
     from vllm_minimax_m3_kv.entrypoints.check.kv_bytes import kv_bytes_per_token
 
-    stock = stock_pool(facts)
-    sizes = kv_bytes_per_token(
-        model_config=model_config,
-        kv_cache_dtype=facts.kv_cache_dtype,
-        tensor_parallel_size=facts.tensor_parallel_size,
-        unquantized_layers=len(facts.unquantized_dense_layers),
-        indexer_kv_dtype=stock.indexer_kv_dtype,
-    )
+    listed = os.environ.get("VLLM_PLUGINS", "")
+    off = f"vllm-minimax-m3-kv is off (VLLM_PLUGINS={shlex.quote(listed)})"
+    common: dict[str, Any] = {
+        "architecture": model_config.architecture,
+        "target": target_row(target, facts),
+        "kv_cache_dtype": facts.kv_cache_dtype,
+        "indexer_inherited": False,
+        "tensor_parallel_size": facts.tensor_parallel_size,
+        "versions": versions_line(),
+        "kv_cache_dtype_source": _stock_kv_source(facts),
+        "plugin": f"off: VLLM_PLUGINS leaves out {PLUGIN_ENTRY_POINT}; this is "
+        "stock vLLM 0.33's plan",
+        "executor_note": executor_note,
+        "fp8_format": fp8_format_of(facts),
+        "model_dtype": facts.model_dtype,
+        "notes": [],
+    }
+    if stock.refused:
+        asked = facts.indexer_kv_dtype
+        indexer = STOCK_INDEXER_DEFAULT if asked == "auto" else asked
+        sizes = kv_bytes_per_token(
+            model_config=model_config,
+            kv_cache_dtype=facts.kv_cache_dtype,
+            tensor_parallel_size=facts.tensor_parallel_size,
+            unquantized_layers=len(facts.unquantized_dense_layers),
+            indexer_kv_dtype=indexer,
+        )
+        where = target_row(target, facts)
+        message = (
+            f"stock vLLM 0.33 cannot start this command on {where}: its "
+            f"{stock.refused_at} refuses it ({stock.refused}); {off}"
+        )
+        fixes = []
+        ours = plugin_plan(model_config, facts, verdict, target)
+        if ours.outcome is not Outcome.ERROR:
+            names = [name for name in listed.split(",") if name]
+            fixes.append(
+                Fix(
+                    f"vllm-minimax-m3-kv on: {ours.headline}",
+                    env=(("VLLM_PLUGINS", ",".join([*names, PLUGIN_ENTRY_POINT])),),
+                )
+            )
+        return Plan(
+            **common,
+            indexer_kv_dtype=indexer,
+            uniform_precision=False,
+            kv_block_zeroer=ZEROER_REFUSED,
+            bytes_per_token_main=sizes.main,
+            bytes_per_token_indexer=sizes.indexer,
+            bytes_per_token_total=sizes.total,
+            stock_bytes_per_token_total=0,
+            token_capacity_vs_stock=0.0,
+            stock_starts=False,
+            outcome=Outcome.ERROR,
+            message=message + "".join(f"\n  {fix.render()}" for fix in fixes),
+            headline=message,
+            fixes=[fix_edits(fix) for fix in fixes],
+            drafter=drafter_caches(facts, indexer),
+            pipeline_stages=pipeline_stages(facts, indexer),
+        )
+    indexer = stock.indexer_kv_dtype
+    uniform = len(stock.kinds) == 1
+    message = f"stock vLLM 0.33 runs a mixed KV pool here: {off}"
+    total = stock.main_bytes + stock.indexer_bytes
     return Plan(
-        architecture=model_config.architecture,
-        target=target_row(target, facts),
-        kv_cache_dtype=facts.kv_cache_dtype,
-        indexer_kv_dtype=stock.indexer_kv_dtype,
-        indexer_inherited=False,
-        uniform_precision=stock.uniform,
-        kv_block_zeroer=ZEROER_NOT_BUILT if stock.uniform else ZEROER_STOCK,
-        tensor_parallel_size=facts.tensor_parallel_size,
-        bytes_per_token_main=sizes.main,
-        bytes_per_token_indexer=sizes.indexer,
-        bytes_per_token_total=sizes.total,
-        stock_bytes_per_token_total=sizes.total,
+        **common,
+        indexer_kv_dtype=indexer,
+        uniform_precision=uniform,
+        precision_kinds=list(stock.kinds),
+        kv_block_zeroer=_stock_zeroer(stock),
+        bytes_per_token_main=stock.main_bytes,
+        bytes_per_token_indexer=stock.indexer_bytes,
+        bytes_per_token_total=total,
+        stock_bytes_per_token_total=total,
         token_capacity_vs_stock=1.0,
-        outcome=Outcome.UNCHANGED if stock.uniform else Outcome.MIXED,
-        message=(
-            message := "stock vLLM 0.33 runs a mixed KV pool here: vllm-minimax-m3-kv "
-            f"is off (VLLM_PLUGINS={shlex.quote(os.environ.get('VLLM_PLUGINS', ''))})"
-        ),
+        outcome=Outcome.UNCHANGED if uniform else Outcome.MIXED,
+        message=message,
         headline=message,
-        notes=[],
-        versions=versions_line(),
-        kv_cache_dtype_source=_stock_kv_source(facts),
-        plugin=(
-            f"off: VLLM_PLUGINS leaves out {PLUGIN_ENTRY_POINT}; this is stock vLLM "
-            "0.33's plan"
-        ),
-        executor_note=executor_note,
-        fp8_format=fp8_format_of(facts),
-        model_dtype=facts.model_dtype,
-        drafter=drafter_caches(facts, stock.indexer_kv_dtype),
-        pipeline_stages=pipeline_stages(facts, stock.indexer_kv_dtype),
+        drafter=drafter_caches(facts, indexer),
+        pipeline_stages=pipeline_stages(facts, indexer),
+    )
+
+
+def _stock_zeroer(stock: StockBuild) -> str:
+    """Who builds a zeroer in stock's pool, and whether the scheduler asks it."""
+    if not stock.mixed:
+        return ZEROER_NOT_BUILT
+    if stock.scheduler_zeroes:
+        return "built on every worker; the scheduler asks it to zero new blocks"
+    if all(stock.workers_zero):
+        return ZEROER_STOCK
+    stages = [str(i) for i, zeroes in enumerate(stock.workers_zero) if zeroes]
+    return (
+        f"built on PP stage {', '.join(stages)} only; the scheduler never asks "
+        "it to zero (stock vLLM 0.33)"
     )
 
 

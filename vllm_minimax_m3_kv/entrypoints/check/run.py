@@ -130,7 +130,7 @@ def _run(argv: list[str], early: EarlyAnswer) -> CheckResult:
             return CheckResult(EXIT_OK, text=vllm_help(parser, str(early.help)))
         if early.bundled_for is not None:
             argv = without_model(argv, early.bundled_for)
-        plan = plan_for(parser.parse_args(argv))
+        plan = plan_for(parser.parse_args(argv), argv)
         plan = with_fixed_commands(plan, argv, parser)
     if early.bundled_for is not None:
         plan = replace(

@@ -1,10 +1,8 @@
-"""What stock vLLM 0.33 builds for the same facts, with the plugin off (so
-``check`` can say what the plugin changes), and the bf16 pools vLLM itself
-fails to build (which the plugin leaves alone and ``check`` still reports)."""
+"""The bf16 pools vLLM 0.33 itself fails to build, which the plugin leaves
+alone and ``check`` still reports with the plugin on. (With the plugin off,
+stock's own build answers: :mod:`.stock_build`.)"""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from vllm_minimax_m3_kv.config.indexer_precision import (
     decide,
@@ -13,7 +11,6 @@ from vllm_minimax_m3_kv.config.pool_facts import (
     BF16,
     BF16_INDEXER_DTYPES,
     KV_CACHE_DTYPE_FLAG,
-    STOCK_INDEXER_DEFAULT,
     PrecisionFacts,
 )
 from vllm_minimax_m3_kv.config.refusals import (
@@ -30,15 +27,6 @@ from vllm_minimax_m3_kv.config.verdicts import (
 from vllm_minimax_m3_kv.config.vllm_gates import (
     indexer_cp_needs_rocm_tp,
 )
-
-
-@dataclass(frozen=True)
-class StockPool:
-    """What stock vLLM 0.33 builds for the same facts, the plugin off."""
-
-    indexer_kv_dtype: str
-    uniform: bool
-
 
 VLLM_CANNOT_BUILD = "vLLM 0.33 fails to build this MiniMax-M3 KV pool at model build"
 """How a bf16 pool vLLM itself cannot build is reported (by ``check``; the live
@@ -90,23 +78,3 @@ def bf16_pool_vllm_cannot_build(facts: PrecisionFacts) -> Verdict | None:
             joiner=", ",
         ),
     )
-
-
-def stock_pool(facts: PrecisionFacts) -> StockPool:
-    """Stock vLLM 0.33: ``auto`` is a bf16 index cache whatever the KV cache,
-    and an index cache is described by its own dtype with no quantization
-    mode, so beside any quantized main cache (fp8 ones included) vLLM counts
-    two precisions. Used by ``check`` to say what the plugin changes."""
-    indexer = (
-        STOCK_INDEXER_DEFAULT
-        if facts.indexer_kv_dtype == "auto"
-        else facts.indexer_kv_dtype
-    )
-    kinds = {facts.main_cache_precision}
-    if facts.unquantized_dense_layers:
-        kinds.add(facts.model_dtype)
-    if facts.draft_kv_cache_dtype is not None:
-        kinds.add(facts.draft_cache_precision)
-    if facts.layers.has_index_cache:
-        kinds.add(BF16 if indexer in BF16_INDEXER_DTYPES else f"{indexer} index cache")
-    return StockPool(indexer, len(kinds) == 1)
