@@ -145,8 +145,8 @@ def fixed_command(
     notes = [fix["summary"], *(f"needs {need}" for need in fix.get("requires", ()))]
     if "token_capacity_vs_stock" in fix:
         notes.append(
-            f"{fix['token_capacity_vs_stock']:.2f}x the KV tokens of this command "
-            "on stock vLLM 0.33"
+            f"{fix['token_capacity_vs_stock']:.2f}x the KV tokens of stock vLLM "
+            "0.33 running the command as typed"
         )
     return f"{' '.join(words)}  # {'; '.join(notes)}"
 

@@ -288,13 +288,14 @@ def test_each_fix_says_its_capacity_against_the_command_as_typed(basic):
     }
     bf16 = next(f for f in plan["fixes"] if f["summary"] == "main cache bf16")
     assert bf16["command"].endswith(
-        "# main cache bf16; 0.66x the KV tokens of this command on stock vLLM 0.33"
+        "# main cache bf16; 0.66x the KV tokens of stock vLLM 0.33 running the "
+        "command as typed"
     )
     from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 
     assert (
-        "token capacity vs stock  1.00x (stock vLLM 0.33 running this command: "
-        "29,952 bytes/token)"
+        "token capacity vs stock  1.00x (stock vLLM 0.33 running the command as "
+        "typed: 29,952 bytes/token)"
     ) in Plan(**plan).render().splitlines()
 
 

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from tests.entrypoints.test_check import run_checks
 from vllm_minimax_m3_kv_sim.plumbing.children import run_python
 
 OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
@@ -33,6 +34,12 @@ CELLS = {
 SEEN = {"mi355x": {2, 3}, "mi300x": {2, 3}, "b300": {3}, "h200": {3}}
 """The exit codes each node's cells give: stock refuses on ROCm, runs mixed
 everywhere (an fp8 index cache is another kind than the main cache's fp8)."""
+
+
+def _argv(indexer: str | None, tp: int) -> list[str]:
+    argv = ["--kv-cache-dtype", "fp8", "--block-size", "128", "--language-model-only"]
+    argv += ["--attention-backend", "TRITON_ATTN", "-tp", str(tp)]
+    return argv + (["--attention-config.indexer_kv_dtype", indexer] if indexer else [])
 
 
 def _command(env: dict, indexer: str | None, tp: int) -> str:
@@ -83,3 +90,15 @@ def test_plugin_off_check_is_stocks_own_build(tmp_path, node):
     assert disagreements == [], disagreements
     # The answers differ across cells: a check that said one thing would fail.
     assert {row["exit"] for row in rows} == SEEN[node]
+    # With the plugin on, the plan compares capacity only with a pool stock
+    # starts, and says where stock cannot start the command as typed.
+    plans = run_checks(
+        [
+            {"argv": ["--target", node, *_argv(indexer, tp)], "env": env}
+            for env, indexer, tp in cells
+        ]
+    )
+    said_on = [result["plan"]["stock_starts"] for result in plans]
+    assert said_on == [truth["starts"] for truth in stock], list(
+        zip(cells, said_on, strict=True)
+    )

@@ -117,10 +117,10 @@ class Plan:
 
     def _capacity_row(self) -> str:
         if not self.stock_starts:
-            return "none to compare: stock vLLM 0.33 cannot start this command"
+            return "none: stock vLLM 0.33 cannot start the command as typed"
         return (
             f"{self.token_capacity_vs_stock:.2f}x (stock vLLM 0.33 running "
-            f"this command: {self.stock_bytes_per_token_total:,} bytes/token)"
+            f"the command as typed: {self.stock_bytes_per_token_total:,} bytes/token)"
         )
 
     def _main_row(self) -> str:

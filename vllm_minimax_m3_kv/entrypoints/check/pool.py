@@ -21,6 +21,7 @@ from vllm_minimax_m3_kv.entrypoints.check.plan import Plan
 from vllm_minimax_m3_kv.entrypoints.check.stock_build import StockBuild
 from vllm_minimax_m3_kv.entrypoints.check.stock_vllm import (
     bf16_pool_vllm_cannot_build,
+    stock_cannot_start,
 )
 from vllm_minimax_m3_kv.envs import ALLOW_MIXED_ENV
 from vllm_minimax_m3_kv.verdict_text import fix_edits
@@ -292,6 +293,8 @@ def plugin_plan(
         )
         return round(stock.total / with_fix.total, 4)
 
+    # Capacity is compared only with a pool stock can start.
+    stock_starts = not stock_cannot_start(facts)
     # Both caches bf16 (unchanged) is uniform too, even where vLLM cannot
     # build it; only MIXED and the plugin's refusals are not.
     uniform = unbuildable is not None or verdict.outcome not in (
@@ -325,8 +328,11 @@ def plugin_plan(
         kv_cache_dtype_source=kv_source(facts),
         fixes=[
             {**fix_edits(fix), "token_capacity_vs_stock": capacity(fix)}
+            if stock_starts
+            else fix_edits(fix)
             for fix in verdict.fixes
         ],
+        stock_starts=stock_starts,
         versions=versions_line(),
         fp8_indexer=verdict.fp8_indexer or "",
         fp8_format=fp8_format_of(facts),
