@@ -2,7 +2,8 @@
 # Shared body of the MiniMax-M3 single-node recipes. A target script sets
 # TARGET, TARGET_ENV, TARGET_FP8_ENV and TARGET_BF16_INDEXER_ENV (arrays of
 # NAME=VALUE: always, for an fp8 indexer, for a bf16 indexer), TARGET_SERVE_ARGS
-# (array), AITER_SPARSE_PA_BY_WORKLOAD and COPY_ROCR_TO_HIP (true/false),
+# (array), AITER_SPARSE_PA_BY_WORKLOAD, COPY_ROCR_TO_HIP and (optional)
+# TARGET_FP8_SELFTEST (true/false: the fp8 pool runs vLLM's Triton indexer),
 # and for the stock pool (today's public recipe, plugin off) TARGET_STOCK_FLAGS,
 # TARGET_STOCK_UNSET (variables that recipe does not set) and
 # TARGET_STOCK_SOURCE (where it comes from), then calls minimaxm3_main "$@". Steps: check inputs, preflight, serve, wait
@@ -154,11 +155,17 @@ set_on_your_behalf() {
         echo "  ${pair%%=*}=${pair#*=}  (always)"
     done
     local bf16=" ${TARGET_BF16_INDEXER_ENV[*]} " fp8=" ${TARGET_FP8_ENV[*]} "
+    # When fp8 sets its variables: always, or (MI355X) only where the public
+    # recipe turns AITER sparse PA on; below that it unsets them.
+    local when_fp8="KV_PRECISION=fp8"
+    if [[ "$AITER_SPARSE_PA_BY_WORKLOAD" == true ]]; then
+        when_fp8+=" from ISL=${AITER_SPARSE_PA_MIN_ISL} and CONC=${AITER_SPARSE_PA_MIN_CONC}, unset below"
+    fi
     for pair in "${TARGET_FP8_ENV[@]}"; do
         if [[ "$bf16" == *" $pair "* ]]; then
-            echo "  ${pair}  (KV_PRECISION=fp8, bf16 or mixed; replaces your value)"
+            echo "  ${pair}  (${when_fp8}; KV_PRECISION=bf16 or mixed; replaces your value)"
         else
-            echo "  ${pair}  (KV_PRECISION=fp8; replaces your value)"
+            echo "  ${pair}  (${when_fp8}; replaces your value)"
         fi
     done
     for pair in "${TARGET_BF16_INDEXER_ENV[@]}"; do
@@ -166,11 +173,6 @@ set_on_your_behalf() {
             echo "  ${pair}  (KV_PRECISION=bf16 or mixed; replaces your value)"
     done
     echo "  VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1  (KV_PRECISION=mixed)"
-    if [[ "$AITER_SPARSE_PA_BY_WORKLOAD" == true ]]; then
-        echo "  (KV_PRECISION=fp8 sets the fp8-only variables above only from" \
-            "ISL=${AITER_SPARSE_PA_MIN_ISL} and CONC=${AITER_SPARSE_PA_MIN_CONC};" \
-            "below, it unsets them as KV_PRECISION=stock does)"
-    fi
     echo "  VLLM_PLUGINS=<every installed general plugin but this one>  (KV_PRECISION=stock)"
     local name
     for name in "${TARGET_STOCK_UNSET[@]}"; do
@@ -319,6 +321,10 @@ precision_choice() {
             RUN_SELFTEST=true
         else
             PRECISION_ENV=("${TARGET_FP8_ENV[@]}")
+            # gfx942: the fp8 index cache runs on vLLM's Triton indexer too.
+            if [[ "${TARGET_FP8_SELFTEST:-false}" == true ]]; then
+                RUN_SELFTEST=true
+            fi
         fi
         ;;
     bf16)

@@ -91,6 +91,31 @@ def test_the_pools_differ_in_precision_alone_at_every_workload(
     assert _aiter_environment(runs["fp8"]) == aiter
 
 
+def test_mi300x_compares_the_public_bf16_recipe_with_the_fnuz_fp8_pool(tmp_path):
+    """MI300X's public recipe keeps a bf16 KV cache: the reference pool; the
+    fp8 pool turns AITER sparse PA off and runs the node self-test first."""
+    values = inputs(
+        tmp_path,
+        KV_PRECISION="compare",
+        VLLM_ROCM_USE_AITER="1",
+        VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT="1",
+    )
+    proc = run_script("minimaxm3_fp8_mi300x.sh", values, "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = sections(proc.stdout)
+    assert list(runs) == ["stock", "fp8"]
+    stock, fp8 = runs["stock"], runs["fp8"]
+    environment = stock.split("== mi300x: environment", 1)[1].split("== serve")[0]
+    assert "--kv-cache-dtype auto" in stock and "VLLM_ROCM" not in environment
+    assert "off: VLLM_PLUGINS leaves out minimax_m3_kv" in stock
+    assert "main KV dtype            bf16 (auto: the model's dtype)" in stock
+    assert "minimaxm3_fp8_mi300x.sh" in stock
+    assert "  VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0" in fp8
+    assert "indexer dtype            fp8 (e4m3fnuz; vLLM's Triton indexer)" in fp8
+    assert "== node self-test: " in fp8
+    assert "2.00x the KV tokens (22,656 vs 45,312 bytes/token)" in fp8
+
+
 @pytest.mark.parametrize(
     ("script", "rocm"), [(MI355X, True), ("minimaxm3_fp8_b300.sh", False)]
 )

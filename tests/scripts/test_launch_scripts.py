@@ -145,13 +145,29 @@ def assert_no_server_left(tmp_path: Path, timeout: float = 30) -> None:
 
 
 @pytest.mark.parametrize(
-    ("script", "target", "rocm_env"),
+    ("script", "target", "rocm_env", "gain"),
     [
-        ("minimaxm3_fp8_mi355x.sh", "mi355x", True),
-        ("minimaxm3_fp8_b300.sh", "b300", False),
+        # Against today's public recipe (#38, item 4): 1.32x on MI355X, whose
+        # recipe leaves the indexer bf16; 1.00x on B300, whose recipe sets
+        # fp8; 2.00x on MI300X, whose recipe keeps a bf16 KV cache.
+        (
+            "minimaxm3_fp8_mi355x.sh",
+            "mi355x",
+            True,
+            "1.32x the KV tokens (22,656 vs 29,952",
+        ),
+        ("minimaxm3_fp8_b300.sh", "b300", False, "1.00x"),
+        (
+            "minimaxm3_fp8_mi300x.sh",
+            "mi300x",
+            True,
+            "2.00x the KV tokens (22,656 vs 45,312",
+        ),
     ],
 )
-def test_dry_run_prints_commands_and_passes_check(tmp_path, script, target, rocm_env):
+def test_dry_run_prints_commands_and_passes_check(
+    tmp_path, script, target, rocm_env, gain
+):
     proc = run_script(script, inputs(tmp_path, ROCR_VISIBLE_DEVICES="0,1"), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -169,15 +185,15 @@ def test_dry_run_prints_commands_and_passes_check(tmp_path, script, target, rocm
     assert "--num-prompts 40 --max-concurrency 4" in out
     assert f"--target {target}" in out
     assert "uniform precision        yes" in out
-    # Against today's public recipe (#38, item 4): 1.32x on MI355X, whose
-    # recipe leaves the indexer bf16; 1.00x on B300, whose recipe sets fp8.
-    gain = "1.32x the KV tokens (22,656 vs 29,952" if rocm_env else "1.00x"
     assert (
         f"capacity vs today's public {target} recipe on stock vLLM 0.33: {gain}" in out
     )
     # ISL 1024, CONC 4: on MI355X AITER stays unset, as the public recipe has
-    # it, and the fp8 index cache runs on vLLM's Triton indexer.
+    # it, and the fp8 index cache runs on vLLM's Triton indexer; on MI300X
+    # always, beside AITER sparse PA turned off.
     assert "VLLM_ROCM_USE_AITER=1" not in out
+    assert ("VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0" in out) is (target == "mi300x")
+    assert ("fp8 (e4m3fnuz" in out) is (target == "mi300x")
     assert ("vLLM's Triton indexer" in out) is rocm_env
     assert ("== node self-test: " in out) is rocm_env
     # Copied for ROCm only, where vLLM reads HIP_VISIBLE_DEVICES.
@@ -548,7 +564,10 @@ def _library_array(name: str) -> list[str]:
     return library.split(f"{name}=(", 1)[1].split(")", 1)[0].split()
 
 
-@pytest.mark.parametrize("script", ["minimaxm3_fp8_mi355x.sh", "minimaxm3_fp8_b300.sh"])
+@pytest.mark.parametrize(
+    "script",
+    ["minimaxm3_fp8_mi355x.sh", "minimaxm3_fp8_b300.sh", "minimaxm3_fp8_mi300x.sh"],
+)
 def test_help_lists_every_input_with_its_default(script):
     proc = run_script(script, {}, "--help")
     assert proc.returncode == 0 and proc.stderr == ""
@@ -584,10 +603,14 @@ def test_help_lists_every_input_with_its_default(script):
 def test_help_says_what_the_script_sets_on_your_behalf():
     rocm = run_script("minimaxm3_fp8_mi355x.sh", {}, "--help").stdout
     behalf = rocm.split("set for vllm serve on your behalf (mi355x):", 1)[1]
+    # Each variable says when fp8 sets it (#64: the list said =1 for fp8 and
+    # a later line took it back below ISL 8192 / CONC 64).
     for line in (
-        "VLLM_ROCM_USE_AITER=1  (KV_PRECISION=fp8, bf16 or mixed; replaces your value)",
+        "VLLM_ROCM_USE_AITER=1  (KV_PRECISION=fp8 from ISL=8192 and CONC=64, unset "
+        "below; KV_PRECISION=bf16 or mixed; replaces your value)",
         "VLLM_USE_BREAKABLE_CUDAGRAPH=0  (always)",
-        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1  (KV_PRECISION=fp8; replaces your value)",
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1  (KV_PRECISION=fp8 from ISL=8192 and "
+        "CONC=64, unset below; replaces your value)",
         "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0  (KV_PRECISION=bf16 or mixed; replaces",
         "VLLM_MINIMAX_M3_KV_ALLOW_MIXED=1  (KV_PRECISION=mixed)",
         "VLLM_PLUGINS=<every installed general plugin but this one>  (KV_PRECISION=stock)",
@@ -596,8 +619,15 @@ def test_help_says_what_the_script_sets_on_your_behalf():
         "HIP_VISIBLE_DEVICES=$ROCR_VISIBLE_DEVICES  (when ROCR_VISIBLE_DEVICES is set)",
     ):
         assert line in behalf, behalf
+    assert "sets the fp8-only variables above only from" not in behalf
     b300 = run_script("minimaxm3_fp8_b300.sh", {}, "--help").stdout
     assert "ROCR_VISIBLE_DEVICES" not in b300 and "VLLM_ROCM" not in b300
+    mi300x = run_script("minimaxm3_fp8_mi300x.sh", {}, "--help").stdout
+    assert (
+        "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0  (KV_PRECISION=fp8; KV_PRECISION=bf16 "
+        "or mixed; replaces your value)"
+    ) in mi300x
+    assert "VLLM_ROCM_USE_AITER=1" not in mi300x
 
 
 def test_a_replaced_environment_value_is_said(tmp_path):
