@@ -278,6 +278,73 @@ logprob_lengths() {
         --max-model-len "$MAX_MODEL_LEN" || true
 }
 
+grouped() {
+    # 1234567 -> 1,234,567 (no locale needed).
+    local n="$1" out=""
+    while ((n >= 1000)); do
+        out="$(printf ',%03d' $((n % 1000)))$out"
+        n=$((n / 1000))
+    done
+    echo "$n$out"
+}
+
+sum_of() {
+    local total=0 n
+    for n in "$@"; do total=$((total + n)); done
+    echo "$total"
+}
+
+plan_prompt_tokens() {
+    # PLANNED: "step:tokens" for what this pool sends as prompt tokens, from
+    # the lengths that fit MAX_MODEL_LEN and the documents per length (the
+    # bench's input lengths are the mean; gsm8k's short prompts not counted).
+    PLANNED=("bench:$((CONC * 10 * ISL))")
+    run_eval || return 0
+    local names=() lengths=() name tasks=()
+    IFS=, read -r -a names <<<"$(long_eval_tasks 2>/dev/null)"
+    for name in "${names[@]}"; do lengths+=("${name##*_}"); done
+    PLANNED+=("long-context retrieval:$(($(eval_docs LONG_EVAL_DOCS) * $(sum_of "${lengths[@]}")))")
+    read -r -a tasks <<<"${RULER_TASKS-$DEFAULT_RULER_TASKS}"
+    if ((${#RULER_LENGTHS[@]})); then
+        PLANNED+=("RULER:$(($(eval_docs RULER_EVAL_DOCS) * ${#tasks[@]} * $(sum_of "${RULER_LENGTHS[@]}")))")
+    fi
+    if ((${#LOGPROB_CMD[@]})); then
+        read -r -a lengths <<<"$(logprob_lengths 2>/dev/null)"
+        # Each document is scored twice (the rerun is the noise floor).
+        PLANNED+=("log-probs:$(($(eval_docs LOGPROB_EVAL_DOCS) * 2 * $(sum_of "${lengths[@]}")))")
+    fi
+}
+
+planned_total() {
+    local step total=0
+    for step in "${PLANNED[@]}"; do total=$((total + ${step##*:})); done
+    echo "$total"
+}
+
+print_planned_tokens() {
+    local step
+    echo "== planned prompt tokens (this pool; gsm8k's short prompts not counted)"
+    for step in "${PLANNED[@]}"; do
+        echo "  ${step%%:*}: $(grouped "${step##*:}")"
+    done
+    echo "  total: $(grouped "$(planned_total)")"
+}
+
+eval_progress() {
+    # After each eval step: what is done, the prompt-token rate measured since
+    # the evals started, and the time left at that rate.
+    local label="$1" tokens="$2" elapsed rate left
+    EVAL_DONE_TOKENS=$((EVAL_DONE_TOKENS + tokens))
+    elapsed=$((SECONDS - EVAL_STARTED))
+    ((elapsed > 0)) || elapsed=1
+    rate=$((EVAL_DONE_TOKENS / elapsed))
+    left=$((EVAL_TOTAL_TOKENS - EVAL_DONE_TOKENS))
+    ((left > 0)) || left=0
+    echo "  done: ${label} ($(grouped "$tokens") prompt tokens); evals ${elapsed}s so far," \
+        "$(grouped "$rate") prompt tokens/s; about $((left / (rate > 0 ? rate : 1) / 60 + 1)) min left" \
+        "for $(grouped "$left") more"
+}
+
 shell_words() {
     # The words as a shell reads them back: a word with characters the shell
     # would interpret (a JSON argument) is single-quoted, so a printed command
@@ -814,6 +881,8 @@ minimaxm3_main() {
         echo "  short-context sanity check:"
         echo "  $(shell_words "${EVAL_CMD[@]}")"
     fi
+    plan_prompt_tokens
+    print_planned_tokens
     echo "== preflight: $(shell_words "${CHECK_CMD[@]}")"
     [[ -z "$CHECK_MODEL_NOTE" ]] || echo "  ($CHECK_MODEL_NOTE)"
     local verdict=0
@@ -858,19 +927,30 @@ minimaxm3_main() {
     echo "== benchmarking"
     "${BENCH_CMD[@]}" || fail_with_log "the benchmark failed (exit $?)"
     if run_eval; then
+        # Progress and time left, from the prompt-token rate the evals reach.
+        local step tasks=()
+        EVAL_STARTED=$SECONDS EVAL_DONE_TOKENS=0 EVAL_TOTAL_TOKENS=0
+        for step in "${PLANNED[@]:1}"; do
+            EVAL_TOTAL_TOKENS=$((EVAL_TOTAL_TOKENS + ${step##*:}))
+        done
         echo "== long-context retrieval eval: building its prompts with the served tokenizer"
         "${LONG_EVAL_BUILD_CMD[@]}" >/dev/null ||
             fail_with_log "building the long-context eval failed (exit $?)"
         "${LONG_EVAL_CMD[@]}" || fail_with_log "lm-eval long-context retrieval failed (exit $?)"
+        eval_progress "long-context retrieval" "${PLANNED[1]##*:}"
         local length
+        read -r -a tasks <<<"${RULER_TASKS-$DEFAULT_RULER_TASKS}"
         for length in "${RULER_LENGTHS[@]}"; do
             echo "== RULER at ${length} tokens"
             ruler_cmd "$length"
             "${RULER_CMD[@]}" || fail_with_log "lm-eval RULER at ${length} tokens failed (exit $?)"
+            eval_progress "RULER at ${length} tokens" \
+                "$(($(eval_docs RULER_EVAL_DOCS) * ${#tasks[@]} * length))"
         done
         if ((${#LOGPROB_CMD[@]})); then
             echo "== teacher-forced log-probs"
             "${LOGPROB_CMD[@]}" || fail_with_log "the teacher-forced log-prob pass failed (exit $?)"
+            eval_progress "teacher-forced log-probs" "${PLANNED[-1]##*:}"
         fi
         echo "== short-context sanity check: ${EVAL_TASK:-gsm8k}"
         "${EVAL_CMD[@]}" || fail_with_log "lm-eval ${EVAL_TASK:-gsm8k} failed (exit $?)"

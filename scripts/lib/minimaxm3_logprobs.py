@@ -202,9 +202,16 @@ def run(options: argparse.Namespace) -> int:
                     {"tokens": doc["tokens"], "scored_from": start, "runs": runs}
                 )
             written["lengths"][str(length)] = docs
+            done = lengths[: lengths.index(length) + 1]
+            elapsed = time.monotonic() - started
+            left = sum(lengths) - sum(done)
+            # The time left at the rate measured so far (prompt tokens a second).
+            eta = elapsed / sum(done) * left
             print(
                 f"  teacher-forced log-probs: {options.docs} documents of "
-                f"{length:,} tokens or fewer, {RUNS} runs each",
+                f"{length:,} tokens or fewer, {RUNS} runs each ({elapsed:.0f} s "
+                f"so far; about {eta / 60:.0f} min left for {len(lengths) - len(done)} "
+                "more lengths)",
                 file=sys.stderr,
             )
     except urllib.error.HTTPError as error:

@@ -338,6 +338,19 @@ def test_ruler_and_the_teacher_forced_pass_each_rule_a_pool_out(tmp_path):
         "recall token [+0.050, +0.050] over 8 documents, noise 0.000, KL >= "
     ) in out
     assert "pass-code retrieval at 16,384 tokens (" not in out.split("not eligible")[1]
+    # Progress after each eval step, with the time left at the measured rate
+    # (#64): 200 prompts x 3 tasks x 16,384 tokens at RULER's longest length.
+    fp8 = sections(out)["fp8"]
+    assert "  done: RULER at 16384 tokens (9,830,400 prompt tokens); evals " in fp8
+    done = [line for line in fp8.splitlines() if line.startswith("  done: ")]
+    assert [line.split(" (")[0] for line in done] == [
+        "  done: long-context retrieval",
+        "  done: RULER at 4096 tokens",
+        "  done: RULER at 16384 tokens",
+        "  done: teacher-forced log-probs",
+    ]
+    assert all(" min left for " in line for line in done)
+    assert done[-1].endswith("min left for 0 more")
     assert decision(out).startswith("decision: run KV_PRECISION=stock")
     saved = report(tmp_path)["pools"]
     assert saved[1]["ruler"]["ruler_vt"]["16384"]["accuracy"] == 0.85
@@ -400,6 +413,16 @@ def test_dry_run_shows_every_long_context_eval_then_gsm8k_for_each_pool(
         assert scored["--out"].endswith(f"results/{pool}/logprobs.json")
         assert lines[7] == "  short-context sanity check:"
         assert _command(lines[8])["--tasks"] == "gsm8k"
+        # What the pool will send, step by step, from the lengths that fit.
+        plan = text.split("== planned prompt tokens", 1)[1].split("== preflight")[0]
+        steps = dict(
+            line.strip().split(": ", 1) for line in plan.splitlines()[1:] if line
+        )
+        tokens = {name: int(value.replace(",", "")) for name, value in steps.items()}
+        assert tokens["bench"] == int(conc) * 10 * int(isl)
+        assert tokens["RULER"] == int(ruler) * 3 * 4096
+        assert tokens["log-probs"] == int(logprobs) * 2 * int(longest)
+        assert tokens["total"] == sum(tokens.values()) - tokens["total"]
 
 
 def test_a_context_too_short_to_reach_the_index_cache_is_refused_first(tmp_path):
