@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -266,6 +267,45 @@ def test_reliability_figures_are_the_codes():
     total = re.search(r"\| total \| ([\d,]+) \|", text)
     table_total = int(total.group(1).replace(",", "")) if total else None
     assert table_total == counts["full"] + counts["partial_install"], total
+
+
+def _collected(*args: str) -> int:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    found = re.search(r"(\d+)(?:/\d+)? tests? collected", proc.stdout)
+    assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return int(found[1])
+
+
+def test_the_readme_test_and_install_figures_are_this_trees():
+    """README's test counts are what pytest collects here, and every time and
+    size it gives for the install and the tests is one docs/testing.md
+    records as measured (where, when, how)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    install = readme.split("## Install", 1)[1].split("```", 1)[0]
+    tests = readme.split("The tests (CPU only", 1)[1].split("```", 1)[0]
+    count = int(re.search(r"; (\d+) tests, which ran in", tests)[1])
+    fast = int(re.search(r"`-m fast`: the (\d+)\s", tests)[1])
+    assert (count, fast) == (_collected(), _collected("-m", "fast"))
+    figures = re.findall(r"\d+(?:\.\d+)? (?:GB|min|s)\b", install + tests)
+    assert len(figures) >= 4, figures
+    testing = (REPO / "docs" / "testing.md").read_text(encoding="utf-8")
+    measured = testing.split("## Figures in the README", 1)[1]
+    assert [f for f in figures if f not in measured] == []
 
 
 def test_readme_is_one_page():
