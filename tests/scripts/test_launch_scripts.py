@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -101,6 +102,12 @@ def serve_line(out: str) -> str:
     )
 
 
+def _signals_as_a_login_shell_has_them() -> None:
+    # A test run under nohup ignores SIGHUP, and bash cannot trap a signal
+    # ignored on entry: the script starts as a scheduler starts it.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def script_process(name: str, env: dict[str, str], *args: str) -> subprocess.Popen:
     """The script started as run_script starts it, not waited for."""
     base = child_env()
@@ -112,6 +119,7 @@ def script_process(name: str, env: dict[str, str], *args: str) -> subprocess.Pop
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_signals_as_a_login_shell_has_them,
     )
 
 
