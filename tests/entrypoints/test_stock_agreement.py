@@ -11,6 +11,7 @@ import json
 import pytest
 
 from tests.entrypoints.test_check import run_checks
+from vllm_minimax_m3_kv.entrypoints.check.script import split_command
 from vllm_minimax_m3_kv_sim.plumbing.children import run_python
 
 OFF = {"VLLM_ROCM_USE_AITER": "0", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "0"}
@@ -98,6 +99,19 @@ def test_plugin_off_check_is_stocks_own_build(tmp_path, node):
             for env, indexer, tp in cells
         ]
     )
+    # Each refusal's fix (the plugin turned on) starts when run as printed.
+    fixed = [
+        split_command(fix.split("  # ", 1)[0])
+        for row in rows
+        if row["exit"] == 2
+        for fix in row["fixes"]
+    ]
+    # (None where the plugin refuses the command too: MI300X beside sparse PA.)
+    assert bool(fixed) is (2 in SEEN[node])
+    reruns = run_checks(
+        [{"argv": ["--target", node, *argv], "env": env} for env, argv in fixed]
+    )
+    assert [rerun["exit"] for rerun in reruns] == [0] * len(fixed), reruns
     said_on = [result["plan"]["stock_starts"] for result in plans]
     assert said_on == [truth["starts"] for truth in stock], list(
         zip(cells, said_on, strict=True)
