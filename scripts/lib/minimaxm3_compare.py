@@ -37,6 +37,10 @@ from minimaxm3_longctx import scores as long_context_scores
 PROBE_FILE = "agreement.json"
 SERVER_LOG = "server.log"
 REPORT_FILE = "compare.json"
+PLOT_FILE = "compare.png"
+RERUN_SUFFIX = "-rerun"
+"""The reference served again after the other pools (A/B/A): its RULER at
+the primary lengths measures run-to-run noise."""
 TOP_LOGPROBS = 5
 # lm-eval's stderr is one standard error; a drop beyond this many of the
 # difference's standard errors (95%, two-sided) is not noise.
@@ -359,68 +363,76 @@ def gsm8k_holds(row: dict, reference: dict) -> bool | None:
     )
 
 
-def _is_paired(row: dict, reference: dict, shared: list[str]) -> bool:
-    return all(
-        row["long_context"][n].get("outcomes")
-        and reference["long_context"][n].get("outcomes")
-        for n in shared
-    )
-
-
-def long_context_tests(row: dict, reference: dict) -> dict[str, Any] | None:
-    """None when the pools share no long-context result. Else the tests the
-    rule ran and those it flags. Paired where both pools logged each
-    prompt's outcome: one family, Holm at ALPHA over every test, of the
-    pass-code retrieval per length (exact McNemar), RULER per length (its
-    tasks' prompts together, exact McNemar) and the teacher-forced log-probs
-    per length (sign-flip against the noise floor). Pass-code results without
-    per-prompt outcomes fall back to comparing accuracies by ACCURACY_Z
-    standard errors ("unpaired")."""
-    ours, theirs = row["long_context"], reference["long_context"]
-    shared = [n for n in theirs if n in ours]
-    if shared and not _is_paired(row, reference, shared):
-        lower = [
-            n
-            for n in shared
-            if not _within(
-                ours[n]["accuracy"],
-                theirs[n]["accuracy"],
-                ours[n]["stderr"],
-                theirs[n]["stderr"],
+def ruler_cells(row: dict, reference: dict) -> dict[str, dict[str, dict[str, int]]]:
+    """``{length: {task: counts}}``: each RULER task's prompts at each length,
+    paired prompt by prompt with the reference's."""
+    cells: dict[str, dict[str, dict[str, int]]] = {}
+    for task, lengths in sorted(reference.get("ruler", {}).items()):
+        for n, theirs in lengths.items():
+            ours = (row.get("ruler", {}).get(task) or {}).get(n)
+            found = (
+                paired_rule.counts(
+                    ours.get("outcomes") or {}, theirs.get("outcomes") or {}
+                )
+                if ours
+                else None
             )
-        ]
-        return {"paired": False, "tests": {}, "lower": lower}
-    tests: dict[str, dict[str, Any]] = {}
-    for n in shared:
-        test = paired_rule.paired(ours[n]["outcomes"], theirs[n]["outcomes"])
-        tests[f"retrieval:{n}"] = {"kind": "retrieval", "length": n, **test}
-    ruler_lengths = {
-        n for lengths in reference.get("ruler", {}).values() for n in lengths
-    }
-    for n in sorted(ruler_lengths, key=int):
-        test = paired_rule.paired(ruler_outcomes(row, n), ruler_outcomes(reference, n))
-        if test is not None:
-            tests[f"ruler:{n}"] = {"kind": "ruler", "length": n, **test}
-    for n, test in sorted((row.get("logprobs") or {}).items(), key=lambda t: int(t[0])):
-        tests[f"logprobs:{n}"] = {"kind": "logprobs", "length": n, **test}
-    if not tests:
+            if found is not None:
+                cells.setdefault(n, {})[task] = found
+    return dict(sorted(cells.items(), key=lambda item: int(item[0])))
+
+
+def retrieval_cells(row: dict, reference: dict) -> dict[str, dict[str, int]]:
+    """Pass-code retrieval per length, paired where both pools logged each
+    prompt's outcome, else counted from the accuracies (the guard only)."""
+    cells = {}
+    for n, theirs in reference["long_context"].items():
+        ours = row["long_context"].get(n)
+        if not ours:
+            continue
+        found = (
+            paired_rule.counts(ours["outcomes"], theirs["outcomes"])
+            if ours.get("outcomes") and theirs.get("outcomes")
+            else None
+        )
+        if found is None:
+            docs = int(theirs.get("docs") or 100)
+            net = round((theirs["accuracy"] - ours["accuracy"]) * docs)
+            found = {"prompts": docs, "lost": max(net, 0), "gained": max(-net, 0)}
+        cells[n] = found
+    return cells
+
+
+def long_context_tests(
+    row: dict, reference: dict, margin: float = paired_rule.MARGIN_POINTS
+) -> dict[str, Any] | None:
+    """The rule (``minimaxm3_paired.assess``) over the evals both pools ran;
+    None when they share none."""
+    ruler_pairs = ruler_cells(row, reference)
+    retrieval = retrieval_cells(row, reference)
+    logprobs = row.get("logprobs") or {}
+    if not (ruler_pairs or retrieval or logprobs):
         return None
-    for test in tests.values():
-        if test["kind"] != "logprobs":
-            test["smallest_flagged_drop"] = paired_rule.smallest_flagged_drop(
-                test["prompts"], test["gained"], len(tests)
-            )
-    flagged = paired_rule.holm({name: t["p_value"] for name, t in tests.items()})
-    return {
-        "paired": True,
-        "tests": tests,
-        "lower": [name for name in tests if name in flagged],
-    }
+    return paired_rule.assess(ruler_pairs, logprobs, retrieval, margin)
+
+
+def disagreement(row: dict, reference: dict, lengths: list[int]) -> dict | None:
+    """How often two pools' (or two runs') answers differ at ``lengths``."""
+    cells = ruler_cells(row, reference)
+    found = [c for n in lengths for c in cells.get(str(n), {}).values()]
+    prompts = sum(c["prompts"] for c in found)
+    if not prompts:
+        return None
+    differ = sum(c["lost"] + c["gained"] for c in found)
+    low, high = paired_rule.wilson_interval(differ, prompts)
+    return {"prompts": prompts, "differ": differ, "share": differ / prompts,
+            "interval": [low, high]}  # fmt: skip
 
 
 TEST_NAMES = {
     "retrieval": "pass-code retrieval",
     "ruler": "RULER",
+    "ruler task": "RULER",
     "logprobs": "teacher-forced log-probs",
 }
 
@@ -431,7 +443,7 @@ def _paired_note(test: dict) -> str:
         kl = "" if test["kl"] is None else f", KL >= {test['kl']:.3g}"
         return (
             f"{test['loss']:+.3f} nats a recall token [{low:+.3f}, {high:+.3f}] over "
-            f"{test['docs']} documents, noise {test['noise']:.3f}{kl}, "
+            f"{test['docs']} documents, rerun noise {test['noise']:.3f}{kl}, "
             f"p = {test['p_value']:.2g}"
         )
     return (
@@ -441,43 +453,74 @@ def _paired_note(test: dict) -> str:
 
 
 def _test_name(test: dict) -> str:
-    return f"{TEST_NAMES[test['kind']]} at {int(test['length']):,} tokens"
+    task = f" {test['task']}" if test.get("task") else ""
+    return f"{TEST_NAMES[test['kind']]}{task} at {int(test['length']):,} tokens"
 
 
-def _reach(tests: list[dict]) -> str:
-    """The smallest drop the run could flag, per kind of test."""
-    parts = []
-    for kind in ("retrieval", "ruler"):
-        drops = [t["smallest_flagged_drop"] for t in tests if t["kind"] == kind]
-        if not drops:
-            continue
-        reach = (
-            "none at this size (too few prompts)"
-            if any(d is None for d in drops)
-            else f"{min(drops):.1f} points"
-            if min(drops) == max(drops)
-            else f"{min(drops):.1f}-{max(drops):.1f} points"
+def _lengths_text(lengths: list[int]) -> str:
+    return " and ".join(f"{n:,}" for n in lengths) + " tokens"
+
+
+def _primary_text(primary: dict) -> str:
+    return (
+        f"RULER at {_lengths_text(primary['lengths'])} pooled, "
+        f"{primary['prompts']:,} paired prompts: drop {primary['drop']:+.1f} points, "
+        f"one-sided {paired_rule.CONFIDENCE:.0%} upper bound {primary['upper']:.1f}"
+    )
+
+
+def _family_text(tested: dict) -> str:
+    tests = tested["tests"]
+    left_out = [n for n in tests if n not in tested["family"]]
+    text = f"Holm at {paired_rule.ALPHA} over {len(tested['family'])} harm tests"
+    if left_out:
+        text += "; unable to flag at their size: " + ", ".join(
+            f"{_test_name(tests[n])} ({tests[n].get('docs', tests[n].get('prompts'))}"
+            f" {'documents' if tests[n]['kind'] == 'logprobs' else 'prompts'})"
+            for n in left_out
         )
-        parts.append(f"{TEST_NAMES[kind]} {reach}")
-    if any(t["kind"] == "logprobs" for t in tests):
-        parts.append(
-            f"log-probs a loss over the noise floor + {teacher_forced.TOLERANCE_NATS}"
-            " nats a recall token"
+    return text
+
+
+def _not_shown(tested: dict, pair_noise: dict | None, rerun: dict | None) -> str:
+    primary = tested["primary"]
+    if primary is None:
+        return (
+            "long-context accuracy not shown: no RULER length both pools ran "
+            "(the primary test's evidence)"
         )
-    return "; ".join(parts)
+    observed = [n["share"] for n in (pair_noise, rerun) if n]
+    share = max(observed) if observed else 0.0
+    needed = paired_rule.prompts_needed(max(share, 1 / primary["prompts"]))
+    return (
+        f"long-context accuracy not shown within {primary['margin']:g} points at this "
+        f"size ({_primary_text(primary)} >= {primary['margin']:g}); at the "
+        f"{share:.1%} of prompts the runs disagreed on, about {needed:,} paired "
+        f"prompts at those lengths show it for a pool with no effect in "
+        f"{paired_rule.TARGET_POWER:.0%} of runs"
+    )
 
 
-def decide(rows: list[dict]) -> dict[str, Any]:
-    """The rule (docs/deploying.md): the first pool is the reference. A pool
-    is eligible when its first greedy token is close to the reference's on
-    every probe prompt and, with the evals run, its long-context retrieval at
-    every length and its gsm8k are each within ACCURACY_Z standard errors of
-    the reference's. Run the eligible pool with the highest output
-    throughput."""
+def decide(
+    rows: list[dict],
+    margin: float = paired_rule.MARGIN_POINTS,
+    quick: bool = False,
+    rerun: dict | None = None,
+) -> dict[str, Any]:
+    """The rule (docs/deploying.md): the first pool is the reference. A
+    candidate is eligible when its first greedy token is close to the
+    reference's on every probe prompt, its long-context accuracy is shown
+    non-inferior by ``margin`` points with no secondary test or guard
+    blocking (``minimaxm3_paired``), and its gsm8k is within ACCURACY_Z
+    standard errors. Run the eligible pool with the highest output
+    throughput; a faster pool left out for want of evidence is named, on
+    throughput alone."""
     reference = rows[0]
     excluded: dict[str, str] = {}
+    unproven: list[dict] = []
     for row in rows[1:]:
         match = row.get("agreement")
+        tested = long_context_tests(row, reference, margin)
         if match is None:
             excluded[row["pool"]] = "no agreement probe"
         elif match["first_token_close"] < match["prompts"]:
@@ -485,27 +528,44 @@ def decide(rows: list[dict]) -> dict[str, Any]:
                 f"first tokens not close on {match['prompts'] - match['first_token_close']}"
                 f" of {match['prompts']} prompts ({', '.join(match['not_close'][:3])})"
             )
-        elif (tested := long_context_tests(row, reference)) and tested["lower"]:
-            lower = tested["lower"]
-            if tested["paired"]:
-                excluded[row["pool"]] = (
-                    "long context worse on the same prompts (paired, Holm at "
-                    f"{paired_rule.ALPHA} over {len(tested['tests'])} tests): "
-                    + "; ".join(
-                        f"{_test_name(tested['tests'][name])} "
-                        f"({_paired_note(tested['tests'][name])})"
-                        for name in lower
-                    )
+        elif quick:
+            excluded[row["pool"]] = (
+                "RUN_EVAL=quick decides nothing: its evals time the steps and "
+                "catch breakage, too few prompts to show a drop under the margin"
+            )
+            unproven.append(row)
+        elif tested is None:
+            excluded[row["pool"]] = (
+                "long-context accuracy not measured: RUN_EVAL=1 runs the long-context "
+                "evals (the index cache's evidence)"
+            )
+            unproven.append(row)
+        elif tested["verdict"] == "broken":
+            excluded[row["pool"]] = "pass-code retrieval broken (a net loss over " + (
+                f"{paired_rule.GUARD_POINTS:g} points): "
+                + "; ".join(
+                    f"{int(n):,} tokens (lost {tested['guard'][n]['lost']}, gained "
+                    f"{tested['guard'][n]['gained']} of {tested['guard'][n]['prompts']})"
+                    for n in tested["broken"]
                 )
-            else:
-                excluded[row["pool"]] = "long-context retrieval lower by more than " + (
-                    f"{ACCURACY_Z} standard errors at "
-                    + ", ".join(
-                        f"{int(n):,} tokens ({row['long_context'][n]['accuracy']:.2f} vs "
-                        f"{reference['long_context'][n]['accuracy']:.2f})"
-                        for n in lower
-                    )
+            )
+        elif tested["verdict"] == "worse":
+            excluded[row["pool"]] = (
+                f"long context worse on the same prompts ({_family_text(tested)}): "
+                + "; ".join(
+                    f"{_test_name(tested['tests'][name])} "
+                    f"({_paired_note(tested['tests'][name])})"
+                    for name in tested["flagged"]
                 )
+            )
+        elif tested["verdict"] == "not shown":
+            pair = (
+                disagreement(row, reference, tested["primary"]["lengths"])
+                if (tested["primary"])
+                else None
+            )
+            excluded[row["pool"]] = _not_shown(tested, pair, rerun)
+            unproven.append(row)
         elif gsm8k_holds(row, reference) is False:
             excluded[row["pool"]] = (
                 f"gsm8k {row['gsm8k']:.4f} vs {reference['gsm8k']:.4f}: lower by more than"
@@ -528,30 +588,17 @@ def decide(rows: list[dict]) -> dict[str, Any]:
     else:
         reasons.append("the reference, the only eligible pool")
     if best is not reference:
-        lengths = [n for n in reference["long_context"] if n in best["long_context"]]
-        tested = long_context_tests(best, reference)
-        if tested is None:
+        tested = long_context_tests(best, reference, margin)
+        primary = tested["primary"]
+        reasons.append(
+            f"long context not worse than {reference['pool']} by {margin:g} points "
+            f"({_primary_text(primary)} < {margin:g}); no harm test flags "
+            f"({_family_text(tested)})"
+        )
+        if tested["guard"]:
             reasons.append(
-                "accuracy not measured: RUN_EVAL=1 runs the long-context retrieval "
-                "eval (the index cache's evidence) and gsm8k"
-            )
-        elif tested["paired"]:
-            tests = list(tested["tests"].values())
-            seen = []
-            for kind, name in TEST_NAMES.items():
-                at = [int(t["length"]) for t in tests if t["kind"] == kind]
-                if at:
-                    seen.append(f"{name} at {', '.join(f'{n:,}' for n in at)} tokens")
-            reasons.append(
-                f"long context not worse on the same prompts: {'; '.join(seen)} "
-                f"(paired, Holm at {paired_rule.ALPHA} over {len(tests)} tests; the "
-                f"smallest drop this run could flag: {_reach(tests)})"
-            )
-        else:
-            reasons.append(
-                f"long-context retrieval within {ACCURACY_Z} standard errors at "
-                f"{', '.join(f'{int(n):,}' for n in lengths)} tokens (unpaired: "
-                "no per-prompt outcomes)"
+                "pass-code retrieval intact at "
+                + _lengths_text([int(n) for n in tested["guard"]])
             )
         if gsm8k_holds(best, reference) is not None:
             reasons.append(
@@ -564,6 +611,20 @@ def decide(rows: list[dict]) -> dict[str, Any]:
         )
     if best["kv_tokens"] and reference["kv_tokens"] and best is not reference:
         reasons.append(f"{best['kv_tokens'] / reference['kv_tokens']:.2f}x KV tokens")
+    faster = [
+        r
+        for r in unproven
+        if r["output_throughput"]
+        and best["output_throughput"]
+        and r["output_throughput"] > best["output_throughput"]
+    ]
+    if faster:
+        fastest = max(faster, key=lambda r: r["output_throughput"])
+        gain = fastest["output_throughput"] / best["output_throughput"] - 1
+        reasons.append(
+            f"on throughput alone KV_PRECISION={fastest['pool']} is {gain:+.1%} output "
+            f"tok/s, its accuracy not shown (a choice on throughput, not this rule's)"
+        )
     return {"run": best["pool"], "reasons": reasons, "excluded": excluded}
 
 
@@ -699,7 +760,20 @@ def report(options: argparse.Namespace) -> int:
             if reference_probe and probe_result
             else None
         )
-    verdict = decide(rows)
+    margin = options.margin
+    rerun = None
+    rerun_dir = result_dir / f"{options.pools[0]}{RERUN_SUFFIX}"
+    if rerun_dir.is_dir():
+        again = {
+            "pool": rerun_dir.name,
+            "ruler": ruler.scores(rerun_dir / ruler.EVAL_DIR),
+        }
+        lengths = [int(n) for n in ruler_cells(again, rows[0])]
+        if lengths:
+            rerun = disagreement(again, rows[0], paired_rule.primary_lengths(lengths))
+            if rerun is not None:
+                rerun["lengths"] = paired_rule.primary_lengths(lengths)
+    verdict = decide(rows, margin, options.quick, rerun)
     reference = options.pools[0]
     print(
         f"== compare ({options.workload}); reference: {reference}"
@@ -721,12 +795,37 @@ def report(options: argparse.Namespace) -> int:
             "(prompts):"
         )
         print(ruler_lines)
+    if rerun is not None:
+        low, high = rerun["interval"]
+        print(
+            f"  run-to-run noise: {reference} served again after the other pools "
+            f"disagreed with its first run on {rerun['differ']} of {rerun['prompts']} "
+            f"prompts at {_lengths_text(rerun['lengths'])} ({rerun['share']:.1%}, "
+            f"95% [{low:.1%}, {high:.1%}])"
+        )
     for row in rows[1:]:
-        tested = long_context_tests(row, rows[0])
-        if tested and tested["paired"]:
-            print(f"  {row['pool']} against {rows[0]['pool']} on the same prompts:")
-            for test in tested["tests"].values():
-                print(f"    {_test_name(test)}: {_paired_note(test)}")
+        tested = long_context_tests(row, rows[0], margin)
+        if not tested:
+            continue
+        print(f"  {row['pool']} against {rows[0]['pool']} on the same prompts:")
+        primary = tested["primary"]
+        if primary is not None:
+            pair = disagreement(row, rows[0], primary["lengths"])
+            print(
+                f"    primary, non-inferiority by {margin:g} points: "
+                f"{_primary_text(primary)} ({'<' if primary['shown'] else '>='} "
+                f"{margin:g}: {'shown' if primary['shown'] else 'not shown'}); the "
+                f"pools disagreed on {pair['share']:.1%} of those prompts"
+            )
+        for name, test in tested["tests"].items():
+            role = "" if name in tested["family"] else " (cannot flag at this size)"
+            flag = " FLAGGED" if name in tested["flagged"] else ""
+            print(f"    {_test_name(test)}: {_paired_note(test)}{role}{flag}")
+        for n, found in tested["guard"].items():
+            print(
+                f"    pass-code retrieval at {int(n):,} tokens (guard): lost "
+                f"{found['lost']}, gained {found['gained']} of {found['prompts']}"
+            )
     for line in eval_cost(rows, options.workload):
         print(f"  {line}")
     if any(row["gsm8k"] is not None for row in rows):
@@ -740,11 +839,77 @@ def report(options: argparse.Namespace) -> int:
         print("  (stock: what you run today, the public recipe with the plugin off)")
     (result_dir / REPORT_FILE).write_text(
         json.dumps(
-            {"workload": options.workload, "pools": rows, "decision": verdict}, indent=2
+            {
+                "workload": options.workload,
+                "margin": margin,
+                "quick": options.quick,
+                "rerun": rerun,
+                "pools": rows,
+                "assessments": {
+                    row["pool"]: long_context_tests(row, rows[0], margin)
+                    for row in rows[1:]
+                },
+                "decision": verdict,
+            },
+            indent=2,
         )
     )
     print(f"== comparison in {result_dir / REPORT_FILE}")
+    print(f"== {plot(rows, result_dir / PLOT_FILE)}")
     return 0
+
+
+def ruler_by_length(row: dict) -> dict[int, tuple[int, int]]:
+    """RULER prompts right and run per length, every task together."""
+    found: dict[int, tuple[int, int]] = {}
+    for lengths in row.get("ruler", {}).values():
+        for n, cell in lengths.items():
+            outcomes = cell.get("outcomes")
+            right, total = (
+                (sum(outcomes.values()), len(outcomes))
+                if outcomes
+                else (round(cell["accuracy"] * cell["docs"]), cell["docs"])
+            )
+            before = found.get(int(n), (0, 0))
+            found[int(n)] = (before[0] + right, before[1] + total)
+    return dict(sorted(found.items()))
+
+
+def plot(rows: list[dict], path: Path) -> str:
+    """RULER accuracy by length per pool (Wilson 95% intervals, tasks pooled)
+    beside each pool's output throughput, as a PNG: where it went, or why not
+    (matplotlib is optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"plot not drawn: pip install matplotlib to get {path.name}"
+    figure, (accuracy, speed) = plt.subplots(1, 2, figsize=(11, 4))
+    for offset, row in enumerate(rows):
+        cells = ruler_by_length(row)
+        if not cells:
+            continue
+        xs = [n * (1 + 0.03 * offset) for n in cells]
+        ys = [right / total for right, total in cells.values()]
+        bounds = [paired_rule.wilson_interval(*cell) for cell in cells.values()]
+        accuracy.errorbar(
+            xs, ys, capsize=3, marker="o", label=row["pool"],
+            yerr=[[y - low for y, (low, _) in zip(ys, bounds, strict=True)],
+                  [high - y for y, (_, high) in zip(ys, bounds, strict=True)]],
+        )  # fmt: skip
+    accuracy.set_xscale("log", base=2)
+    accuracy.set_xlabel("prompt length (tokens)")
+    accuracy.set_ylabel("RULER, share right (95% interval)")
+    accuracy.legend()
+    pools = [row["pool"] for row in rows]
+    speed.bar(pools, [row["output_throughput"] or 0.0 for row in rows])
+    speed.set_ylabel("output tok/s")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return f"plot in {path}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -761,6 +926,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--result-filename", required=True)
     r.add_argument("--workload", default="")
     r.add_argument("--eval-task", default="gsm8k", help="lm-eval task to read")
+    r.add_argument(
+        "--margin", type=float, default=paired_rule.MARGIN_POINTS,
+        help="non-inferiority margin in points of long-context accuracy",
+    )  # fmt: skip
+    r.add_argument(
+        "--quick", action="store_true",
+        help="the evals ran at RUN_EVAL=quick's sizes: decide nothing on them",
+    )  # fmt: skip
     r.add_argument("pools", nargs="+")
     options = parser.parse_args(argv)
     return probe(options) if options.command == "probe" else report(options)

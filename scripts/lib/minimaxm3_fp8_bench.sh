@@ -28,7 +28,8 @@
 REQUIRED_VARS=(MODEL TP EP_SIZE DP_ATTENTION PORT MAX_MODEL_LEN CONC ISL OSL
     RANDOM_RANGE_RATIO RESULT_FILENAME RESULT_DIR)
 OPTIONAL_VARS=(KV_PRECISION COMPARE_POOLS MODEL_PATH PP RUN_EVAL LONG_EVAL_LENGTHS LONG_EVAL_DOCS
-    RULER_TASKS RULER_EVAL_DOCS LOGPROB_EVAL_LENGTHS LOGPROB_EVAL_DOCS EVAL_TASK EVAL_INCLUDE_PATH
+    RULER_TASKS RULER_EVAL_DOCS LOGPROB_EVAL_LENGTHS LOGPROB_EVAL_DOCS NONINFERIORITY_MARGIN
+    NOISE_EVAL_DOCS EVAL_PREFILL_RATE EVAL_TASK EVAL_INCLUDE_PATH
     GPU_MEMORY_UTILIZATION MAX_NUM_BATCHED_TOKENS HOST VLLM_API_KEY HEALTH_TIMEOUT_S
     POOL_LINE_TIMEOUT_S VLLM_ENGINE_READY_TIMEOUT_S VLLM_BIN CHECK_BIN LM_EVAL_BIN)
 
@@ -50,13 +51,23 @@ DEFAULT_LONG_EVAL_DOCS=30
 # no nltk data), at the standard lengths among LONG_EVAL_LENGTHS that fit.
 DEFAULT_RULER_TASKS="niah_multikey_2 niah_multikey_3 ruler_vt"
 OFFLINE_RULER_TASKS=" niah_single_1 niah_multikey_2 niah_multikey_3 ruler_vt ruler_cwe ruler_fwe "
-# Prompts per RULER task and length: 200 (600 a length, tasks pooled) flags a
-# 3-point drop at the two longest lengths in about 95% of runs (docs/deploying.md).
+# Prompts per RULER task and length: 200 (1,200 at the two long lengths, tasks
+# pooled) shows a pool with no effect non-inferior by 2 points in at least 80%
+# of runs up to 5% run-to-run disagreement, and keeps out a 3-point drop there
+# in at least 95% (docs/deploying.md, minimaxm3_paired.py simulate).
 DEFAULT_RULER_EVAL_DOCS=200
+# compare: the margin (points of long-context accuracy) a candidate must be
+# shown to stay within; the reference's RULER rerun at the long lengths (A/B/A,
+# prompts per task) that measures run-to-run noise.
+DEFAULT_NONINFERIORITY_MARGIN=2
+DEFAULT_NOISE_EVAL_DOCS=100
+# The prefill rate the dry run's eval budget assumes (prompt tokens/s for the
+# node); the run prints the rate it measures.
+DEFAULT_EVAL_PREFILL_RATE=20000
 # The teacher-forced log-prob pass: document lengths and documents per length.
 DEFAULT_LOGPROB_EVAL_LENGTHS="32768 65536 131072"
 DEFAULT_LOGPROB_EVAL_DOCS=32
-# RUN_EVAL=quick: every eval, a few prompts each (a smoke check, no power).
+# RUN_EVAL=quick: every eval, a few prompts each (timing and a smoke check; decides nothing).
 QUICK_LONG_EVAL_DOCS=10
 QUICK_RULER_EVAL_DOCS=10
 QUICK_LOGPROB_EVAL_DOCS=4
@@ -84,8 +95,11 @@ COMPARE_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_compare.py"
 LONG_EVAL_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_longctx.py"
 RULER_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_ruler.py"
 LOGPROB_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_logprobs.py"
+PAIRED_HELPER="$(dirname "${BASH_SOURCE[0]}")/minimaxm3_paired.py"
 # Set in each per-pool run that KV_PRECISION=compare starts.
 COMPARE_CHILD="${MINIMAXM3_COMPARE_CHILD:-}"
+# Set in the reference's rerun, which serves RULER at the long lengths only.
+NOISE_RERUN="${MINIMAXM3_NOISE_RERUN:-}"
 
 usage() {
     cat <<EOF
@@ -121,13 +135,18 @@ optional environment (default):
   PP                      pipeline parallel size (unset)
   RUN_EVAL                true|false (1|0)|quick: after the benchmark, the long-context evals (pass-code
                           retrieval, RULER, teacher-forced log-probs), then gsm8k; quick: a few
-                          prompts each, a smoke check (false)
+                          prompts each, timing and a smoke check that decides nothing (false)
   LONG_EVAL_LENGTHS       retrieval and RULER lengths in tokens, those that fit MAX_MODEL_LEN (${DEFAULT_LONG_EVAL_LENGTHS})
   LONG_EVAL_DOCS          pass-code retrieval prompts per length, a smoke check (${DEFAULT_LONG_EVAL_DOCS}; quick ${QUICK_LONG_EVAL_DOCS})
   RULER_TASKS             lm-eval RULER tasks, of:${OFFLINE_RULER_TASKS}(${DEFAULT_RULER_TASKS})
   RULER_EVAL_DOCS         prompts per RULER task and length (${DEFAULT_RULER_EVAL_DOCS}; quick ${QUICK_RULER_EVAL_DOCS})
   LOGPROB_EVAL_LENGTHS    teacher-forced document lengths, those that fit MAX_MODEL_LEN (${DEFAULT_LOGPROB_EVAL_LENGTHS})
   LOGPROB_EVAL_DOCS       documents per length, each scored twice (${DEFAULT_LOGPROB_EVAL_DOCS}; quick ${QUICK_LOGPROB_EVAL_DOCS})
+  NONINFERIORITY_MARGIN   compare: the long-context accuracy drop, in points, a candidate must be
+                          shown to stay under to be picked (${DEFAULT_NONINFERIORITY_MARGIN})
+  NOISE_EVAL_DOCS         compare: RULER prompts per task at the long lengths in the reference's
+                          rerun after the other pools, the run-to-run noise (${DEFAULT_NOISE_EVAL_DOCS}; quick: no rerun)
+  EVAL_PREFILL_RATE       prompt tokens/s the eval budget in the dry run assumes (${DEFAULT_EVAL_PREFILL_RATE})
   EVAL_TASK               the short-context sanity task, scored by strict match (gsm8k)
   EVAL_INCLUDE_PATH       lm-eval --include_path, for a task of your own (unset)
   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization (unset: vLLM's default, as the public recipe)
@@ -220,10 +239,12 @@ require_inputs() {
     fi
     if run_eval; then
         long_eval_tasks >/dev/null
-        for name in LONG_EVAL_DOCS RULER_EVAL_DOCS LOGPROB_EVAL_DOCS; do
+        for name in LONG_EVAL_DOCS RULER_EVAL_DOCS LOGPROB_EVAL_DOCS NOISE_EVAL_DOCS EVAL_PREFILL_RATE; do
             [[ -z "${!name:-}" || "${!name}" =~ ^[1-9][0-9]*$ ]] ||
                 usage_error "${name}=${!name} is not a positive number"
         done
+        [[ -z "${NONINFERIORITY_MARGIN:-}" || "$NONINFERIORITY_MARGIN" =~ ^([1-9][0-9]*|[0-9]*\.[0-9]*[1-9][0-9]*)$ ]] ||
+            usage_error "NONINFERIORITY_MARGIN=${NONINFERIORITY_MARGIN} is not a positive number of points"
         local task ruler_tasks
         read -r -a ruler_tasks <<<"${RULER_TASKS-$DEFAULT_RULER_TASKS}"
         for task in "${ruler_tasks[@]}"; do
@@ -272,6 +293,12 @@ ruler_lengths() {
         --max-model-len "$MAX_MODEL_LEN" || true
 }
 
+primary_lengths() {
+    # The RULER lengths the primary test pools (the rule's own choice).
+    (($#)) || return 0
+    python3 "$PAIRED_HELPER" primary --lengths "$*"
+}
+
 logprob_lengths() {
     python3 "$LOGPROB_HELPER" lengths \
         --lengths "${LOGPROB_EVAL_LENGTHS:-$DEFAULT_LOGPROB_EVAL_LENGTHS}" \
@@ -300,6 +327,12 @@ plan_prompt_tokens() {
     # bench's input lengths are the mean; gsm8k's short prompts not counted).
     PLANNED=("bench:$((CONC * 10 * ISL))")
     run_eval || return 0
+    if [[ -n "$NOISE_RERUN" ]]; then
+        local tasks=()
+        read -r -a tasks <<<"${RULER_TASKS-$DEFAULT_RULER_TASKS}"
+        PLANNED=("bench:0" "RULER (the rerun):$(($(eval_docs RULER_EVAL_DOCS) * ${#tasks[@]} * $(sum_of "${RULER_LENGTHS[@]}")))")
+        return 0
+    fi
     local names=() lengths=() name tasks=()
     IFS=, read -r -a names <<<"$(long_eval_tasks 2>/dev/null)"
     for name in "${names[@]}"; do lengths+=("${name##*_}"); done
@@ -310,7 +343,7 @@ plan_prompt_tokens() {
     fi
     if ((${#LOGPROB_CMD[@]})); then
         read -r -a lengths <<<"$(logprob_lengths 2>/dev/null)"
-        # Each document is scored twice (the rerun is the noise floor).
+        # Each document is scored twice (the rerun shows the pool's own noise).
         PLANNED+=("log-probs:$(($(eval_docs LOGPROB_EVAL_DOCS) * 2 * $(sum_of "${lengths[@]}")))")
     fi
 }
@@ -325,9 +358,18 @@ print_planned_tokens() {
     local step
     echo "== planned prompt tokens (this pool; gsm8k's short prompts not counted)"
     for step in "${PLANNED[@]}"; do
-        echo "  ${step%%:*}: $(grouped "${step##*:}")"
+        [[ "${step##*:}" == 0 ]] || echo "  ${step%%:*}: $(grouped "${step##*:}")"
     done
     echo "  total: $(grouped "$(planned_total)")"
+    run_eval || return 0
+    # The evals' budget at an assumed rate, in tenths of an hour.
+    local rate="${EVAL_PREFILL_RATE:-$DEFAULT_EVAL_PREFILL_RATE}" evals gpus tenths
+    evals=$(($(planned_total) - ${PLANNED[0]##*:}))
+    gpus=$((TP * ${PP:-1}))
+    tenths=$(((evals * 10 + rate * 3600 - 1) / (rate * 3600)))
+    echo "  evals at EVAL_PREFILL_RATE=$(grouped "$rate") prompt tokens/s (assumed; the run" \
+        "prints its measured rate): about $((tenths / 10)).$((tenths % 10)) h," \
+        "$(((tenths * gpus + 9) / 10)) GPU-hours at TP=${TP}${PP:+ PP=${PP}}"
 }
 
 eval_progress() {
@@ -519,6 +561,11 @@ build_commands() {
             --output_path "$RESULT_DIR/eval_long_context" --log_samples)
         read -r -a RULER_LENGTHS <<<"$(ruler_lengths 2>/dev/null)"
         fit="$(logprob_lengths 2>/dev/null)"
+        if [[ -n "$NOISE_RERUN" ]]; then
+            # The reference again: RULER at the primary lengths, nothing else.
+            read -r -a RULER_LENGTHS <<<"$(primary_lengths "${RULER_LENGTHS[@]}")"
+            LONG_EVAL_CMD=() fit=""
+        fi
         [[ -z "$fit" ]] ||
             LOGPROB_CMD=(python3 "$LOGPROB_HELPER" run --host "$(client_host)" --port "$PORT"
                 --model "$SERVED_MODEL" --lengths "$fit"
@@ -768,6 +815,32 @@ print("ok" if logprobs and not bad else f"{len(bad)} of {len(logprobs)} logprobs
     echo "  completion: 8 greedy tokens, logprobs finite"
 }
 
+run_ruler() {
+    # RULER at each of RULER_LENGTHS, with progress after each.
+    local length tasks=()
+    read -r -a tasks <<<"${RULER_TASKS-$DEFAULT_RULER_TASKS}"
+    for length in "${RULER_LENGTHS[@]}"; do
+        echo "== RULER at ${length} tokens"
+        ruler_cmd "$length"
+        "${RULER_CMD[@]}" || fail_with_log "lm-eval RULER at ${length} tokens failed (exit $?)"
+        eval_progress "RULER at ${length} tokens" \
+            "$(($(eval_docs RULER_EVAL_DOCS) * ${#tasks[@]} * length))"
+    done
+}
+
+run_pool() {
+    # One pool: this script again in a process of its own, in the background
+    # and waited for, so that a signal to this process is handled at once.
+    local pool="$1" dir="$2"
+    shift 2
+    KV_PRECISION="$pool" RESULT_DIR="$dir" MINIMAXM3_COMPARE_CHILD=1 bash "$0" "$@" &
+    POOL_PID=$!
+    local status=0
+    wait "$POOL_PID" || status=$?
+    POOL_PID=""
+    return "$status"
+}
+
 compare_pools() {
     # Each pool is this script run again with KV_PRECISION=<pool> in a process
     # of its own: its environment cannot leak into the next pool's, and its
@@ -787,7 +860,9 @@ compare_pools() {
         --result-filename "$RESULT_FILENAME"
         --workload "ISL=${ISL} OSL=${OSL} CONC=${CONC} TP=${TP} MAX_MODEL_LEN=${MAX_MODEL_LEN}"
         --eval-task "${EVAL_TASK:-gsm8k}"
-        "${pools[@]}")
+        --margin "${NONINFERIORITY_MARGIN:-$DEFAULT_NONINFERIORITY_MARGIN}")
+    [[ "${RUN_EVAL:-}" != quick ]] || report_cmd+=(--quick)
+    report_cmd+=("${pools[@]}")
     [[ "${1:-}" == --dry-run ]] || refuse_if_port_taken
     echo "== ${TARGET}: KV_PRECISION=compare: ${pools[*]}, one server at a time; reference ${pools[0]}"
     trap 'stop_pool; exit 143' TERM
@@ -795,13 +870,7 @@ compare_pools() {
     trap 'stop_pool; exit 129' HUP
     for pool in "${pools[@]}"; do
         echo "== compare: KV_PRECISION=${pool} (results in ${RESULT_DIR}/${pool})"
-        # In the background and waited for, so that a signal to this process
-        # is handled at once, not when the pool ends.
-        KV_PRECISION="$pool" RESULT_DIR="${RESULT_DIR}/${pool}" \
-            MINIMAXM3_COMPARE_CHILD=1 bash "$0" "$@" &
-        POOL_PID=$!
-        wait "$POOL_PID" || status=$?
-        POOL_PID=""
+        run_pool "$pool" "${RESULT_DIR}/${pool}" "$@" || status=$?
         if ((status != 0)); then
             local left=("${pools[@]:${#done_pools[@]}+1}")
             echo "== compare stopped at KV_PRECISION=${pool} (exit ${status});" \
@@ -810,6 +879,22 @@ compare_pools() {
         fi
         done_pools+=("$pool")
     done
+    # A/B/A: the reference served again after the others, RULER at the long
+    # lengths on its first prompts, so the report measures run-to-run noise.
+    if run_eval && [[ "${RUN_EVAL}" != quick && -n "$(ruler_lengths 2>/dev/null)" ]]; then
+        local rerun_docs="${NOISE_EVAL_DOCS:-$DEFAULT_NOISE_EVAL_DOCS}"
+        local ruler_docs
+        ruler_docs="$(eval_docs RULER_EVAL_DOCS)"
+        ((rerun_docs <= ruler_docs)) || rerun_docs="$ruler_docs"
+        echo "== compare: noise rerun: KV_PRECISION=${pools[0]} again" \
+            "(results in ${RESULT_DIR}/${pools[0]}-rerun)"
+        RULER_EVAL_DOCS="$rerun_docs" MINIMAXM3_NOISE_RERUN=1 \
+            run_pool "${pools[0]}" "${RESULT_DIR}/${pools[0]}-rerun" "$@" || status=$?
+        if ((status != 0)); then
+            echo "== compare stopped at the noise rerun of KV_PRECISION=${pools[0]} (exit ${status})"
+            exit "$status"
+        fi
+    fi
     echo "== compare report: $(shell_words "${report_cmd[@]}")"
     if [[ "${1:-}" == --dry-run ]]; then
         echo "== dry run: nothing started"
@@ -849,13 +934,21 @@ minimaxm3_main() {
     [[ -z "${HIP_VISIBLE_DEVICES:-}" ]] || echo "  HIP_VISIBLE_DEVICES=$HIP_VISIBLE_DEVICES"
     echo "== serve"
     echo "  $(shell_words "${SERVE_CMD[@]}")"
-    if [[ -n "$COMPARE_CHILD" ]]; then
+    if [[ -n "$NOISE_RERUN" ]]; then
+        echo "== noise rerun: RULER at the long lengths only, the same first prompts"
+        local length
+        for length in "${RULER_LENGTHS[@]}"; do
+            ruler_cmd "$length"
+            echo "  $(shell_words "${RULER_CMD[@]}")"
+        done
+    fi
+    if [[ -n "$COMPARE_CHILD" && -z "$NOISE_RERUN" ]]; then
         echo "== agreement probe"
         echo "  $(shell_words "${PROBE_CMD[@]}")"
     fi
-    echo "== bench"
-    echo "  $(shell_words "${BENCH_CMD[@]}")"
-    if run_eval; then
+    [[ -n "$NOISE_RERUN" ]] || echo "== bench"
+    [[ -n "$NOISE_RERUN" ]] || echo "  $(shell_words "${BENCH_CMD[@]}")"
+    if run_eval && [[ -z "$NOISE_RERUN" ]]; then
         echo "== eval: long context (what the index cache decides), then gsm8k"
         echo "  pass-code retrieval (a smoke check for breakage):"
         echo "  $(shell_words "${LONG_EVAL_BUILD_CMD[@]}")"
@@ -873,7 +966,7 @@ minimaxm3_main() {
             echo "  not run: $(ruler_lengths 2>&1)"
         fi
         if ((${#LOGPROB_CMD[@]})); then
-            echo "  teacher-forced log-probs (each document scored twice: the rerun is the noise floor):"
+            echo "  teacher-forced log-probs (each document scored twice: the rerun shows the pool's own noise):"
             echo "  $(shell_words "${LOGPROB_CMD[@]}")"
         else
             echo "  not run: $(logprob_lengths 2>&1)"
@@ -919,6 +1012,17 @@ minimaxm3_main() {
     echo "== server healthy; confirming the KV pool"
     confirm_pool
     confirm_finite_logprobs
+    # Progress and time left, from the prompt-token rate the evals reach.
+    local step
+    EVAL_STARTED=$SECONDS EVAL_DONE_TOKENS=0 EVAL_TOTAL_TOKENS=0
+    for step in "${PLANNED[@]:1}"; do
+        EVAL_TOTAL_TOKENS=$((EVAL_TOTAL_TOKENS + ${step##*:}))
+    done
+    if [[ -n "$NOISE_RERUN" ]]; then
+        run_ruler
+        echo "== results in $RESULT_DIR"
+        return 0
+    fi
     if [[ -n "$COMPARE_CHILD" ]]; then
         # Greedy, one request at a time, before any load: what the pool
         # itself changes, not what batching does.
@@ -927,26 +1031,13 @@ minimaxm3_main() {
     echo "== benchmarking"
     "${BENCH_CMD[@]}" || fail_with_log "the benchmark failed (exit $?)"
     if run_eval; then
-        # Progress and time left, from the prompt-token rate the evals reach.
-        local step tasks=()
-        EVAL_STARTED=$SECONDS EVAL_DONE_TOKENS=0 EVAL_TOTAL_TOKENS=0
-        for step in "${PLANNED[@]:1}"; do
-            EVAL_TOTAL_TOKENS=$((EVAL_TOTAL_TOKENS + ${step##*:}))
-        done
+        EVAL_STARTED=$SECONDS
         echo "== long-context retrieval eval: building its prompts with the served tokenizer"
         "${LONG_EVAL_BUILD_CMD[@]}" >/dev/null ||
             fail_with_log "building the long-context eval failed (exit $?)"
         "${LONG_EVAL_CMD[@]}" || fail_with_log "lm-eval long-context retrieval failed (exit $?)"
         eval_progress "long-context retrieval" "${PLANNED[1]##*:}"
-        local length
-        read -r -a tasks <<<"${RULER_TASKS-$DEFAULT_RULER_TASKS}"
-        for length in "${RULER_LENGTHS[@]}"; do
-            echo "== RULER at ${length} tokens"
-            ruler_cmd "$length"
-            "${RULER_CMD[@]}" || fail_with_log "lm-eval RULER at ${length} tokens failed (exit $?)"
-            eval_progress "RULER at ${length} tokens" \
-                "$(($(eval_docs RULER_EVAL_DOCS) * ${#tasks[@]} * length))"
-        done
+        run_ruler
         if ((${#LOGPROB_CMD[@]})); then
             echo "== teacher-forced log-probs"
             "${LOGPROB_CMD[@]}" || fail_with_log "the teacher-forced log-prob pass failed (exit $?)"

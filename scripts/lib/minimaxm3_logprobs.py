@@ -15,16 +15,16 @@ Documents are deterministic (their index and length alone, with how many
 records fit counted by the served tokenizer).
 
 ``run``: against a running server, each document is sent twice, one
-request at a time (the rerun is the server's own noise floor), and per
+request at a time (the rerun shows the server's own noise), and per
 document and run it writes the mean log-prob of the recall section's tokens
 and, every ``KL_STRIDE`` tokens of it, the top-``TOP`` log-probs.
 
 ``compare`` (for the report): per length, the candidate's mean loss per
 recall token against the reference, paired by document, with a bootstrap
-interval; the noise floor (the larger pool's own rerun difference); a lower
-bound on KL(reference || candidate) over the tokens both report; and the
-p-value of a sign-flip test that the loss exceeds the noise floor plus
-``TOLERANCE_NATS``.
+interval; each pool's rerun difference (reported: the sign-flip test's null
+already holds that noise, so it is not added to the margin); a lower bound on
+KL(reference || candidate) over the tokens both report; and the p-value of a
+sign-flip test that the loss exceeds ``TOLERANCE_NATS``.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ DEFAULT_LENGTHS = (32_768, 65_536, 131_072)
 DEFAULT_DOCS = 32
 TOP = 5
 KL_STRIDE = 16
-TOLERANCE_NATS = 0.01
-"""A loss per recall token below this (over the noise floor) is not flagged."""
+TOLERANCE_NATS = paired_rule.LOGPROB_MARGIN_NATS
+"""A mean loss per recall token below this is not flagged."""
 RECALL_SHARE = 0.25
 """The share of a document given to recalling earlier records."""
 FILL = 0.97
@@ -63,11 +63,17 @@ RUNS = 2
 
 NAMES = ["Ilse Varga", "Tomas Reyes", "Aiko Mori", "Pavel Dun", "Ruth Okafor"]
 NAMES += ["Lena Holm", "Omar Haddad", "Kofi Mensah", "Mei Lin", "Sven Aalto"]
+LETTERS = "BCDFGHJKLMNPRSTVWXZ"
+FAILED_LINE_NATS = math.log(len(LETTERS) * 9000 * len(NAMES) * 90)
+"""What a recall line costs when its record was not read (its parcel, courier
+and shelf at chance): 18.9 nats spread over the line's tokens, about 0.95
+nats a token at 20 tokens a line (the count is the tokenizer's). So
+TOLERANCE_NATS a recall token is about 1% of recall lines failed outright."""
 
 
 def _record(rng: random.Random) -> str:
     return (
-        f"parcel {rng.choice('BCDFGHJKLMNPRSTVWXZ')}-{rng.randint(1000, 9999)} "
+        f"parcel {rng.choice(LETTERS)}-{rng.randint(1000, 9999)} "
         f"goes with {rng.choice(NAMES)} to shelf {rng.randint(10, 99)}.\n"
     )
 
@@ -273,8 +279,8 @@ def compare(ours: dict, theirs: dict) -> dict[str, dict[str, Any]]:
     """Per length both pools ran: ``loss`` (nats per recall token, the
     candidate's mean log-prob below the reference's, first runs, mean over
     documents) with its bootstrap interval, ``noise`` (the larger pool's own
-    mean |run 1 - run 2|), ``kl`` (lower bound) with its interval, and
-    ``p_value`` against noise + TOLERANCE_NATS."""
+    mean |run 1 - run 2|, reported only), ``kl`` (lower bound) with its
+    interval, and ``p_value`` against TOLERANCE_NATS."""
     found = {}
     for length, their_docs in theirs.get("lengths", {}).items():
         our_docs = ours.get("lengths", {}).get(length)
@@ -295,7 +301,7 @@ def compare(ours: dict, theirs: dict) -> dict[str, dict[str, Any]]:
             for o, t in pairs
             if (k := _kl_per_doc(o["runs"][0], t["runs"][0])) is not None
         ]
-        margin = noise + TOLERANCE_NATS
+        margin = TOLERANCE_NATS
         found[length] = {
             "docs": len(pairs),
             "loss": _mean(losses),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -50,9 +51,13 @@ def report(tmp_path) -> dict:
 
 
 def sections(out: str) -> dict[str, str]:
-    """Each pool's part of a compare run's output."""
-    parts = out.split("== compare: KV_PRECISION=")[1:]
-    return {part.split(" ", 1)[0]: part for part in parts}
+    """Each pool's part of a compare run's output; the reference's rerun as
+    ``<pool>-rerun``."""
+    parts = re.split(r"== compare: (noise rerun: )?KV_PRECISION=", out)[1:]
+    return {
+        part.split(" ", 1)[0] + ("-rerun" if rerun else ""): part
+        for rerun, part in zip(parts[::2], parts[1::2], strict=True)
+    }
 
 
 AITER_VARIABLES = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT")
@@ -203,12 +208,21 @@ def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
     pools = {
         "stock": {"output_throughput": 1000.0, "kv_tokens": 2_294_272, "gsm8k": 0.95},
         "fp8": {"output_throughput": 1100.0, "kv_tokens": 3_033_088, "gsm8k": 0.948},
+        # The reference served again answers 2 of each 100 RULER prompts
+        # differently: the run-to-run noise the report measures.
+        "stock-rerun": {"ruler": {"4096": 0.88}},
     }
     proc = compare(tmp_path, pools, ISL="8192", CONC="64", **NO_PREFLIGHT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert len(server_pids(tmp_path)) == 2  # one server per pool, in turn
+    # One server per pool, in turn, then the reference again (A/B/A).
+    assert len(server_pids(tmp_path)) == 3
+    assert "== compare: noise rerun: KV_PRECISION=stock again" in out
     assert_no_server_left(tmp_path)
+    assert (
+        "  run-to-run noise: stock served again after the other pools disagreed with "
+        "its first run on 6 of 300 prompts at 4,096 tokens (2.0%, 95% [0.9%, 4.3%])"
+    ) in out
     assert "| stock | 1,000.0 |" in out and "| fp8 | 1,100.0 |" in out
     # The decision says what it was measured against.
     assert (
@@ -218,16 +232,20 @@ def test_both_healthy_gives_a_table_a_file_and_the_faster_pool(tmp_path):
     assert "| 3,033,088 | 0.9480 (0.0060) | 40/40 | 40/40 | 100.0% |" in out
     assert decision(out) == (
         "decision: run KV_PRECISION=fp8: +10.0% output tok/s vs stock; long context"
-        " not worse on the same prompts: pass-code retrieval at 4,096, 8,176 tokens;"
-        " RULER at 4,096 tokens; teacher-forced log-probs at 8,191 tokens (paired,"
-        " Holm at 0.05 over 4 tests; the smallest drop this run could flag: pass-code"
-        " retrieval 23.3 points; RULER 1.2 points; log-probs a loss over the noise"
-        " floor + 0.01 nats a recall token); gsm8k 0.9480 vs 0.9500 (within 1.96"
-        " standard errors; short context only); first tokens close on 40/40 prompts;"
-        " 1.32x KV tokens"
+        " not worse than stock by 2 points (RULER at 4,096 tokens pooled, 600 paired"
+        " prompts: drop +0.0 points, one-sided 95% upper bound 0.3 < 2); no harm test"
+        " flags (Holm at 0.05 over 5 harm tests); pass-code retrieval intact at 4,096"
+        " and 8,176 tokens; gsm8k 0.9480 vs 0.9500 (within 1.96 standard errors;"
+        " short context only); first tokens close on 40/40 prompts; 1.32x KV tokens"
     )
     saved = report(tmp_path)
     assert saved["decision"]["run"] == "fp8"
+    assert saved["rerun"]["differ"] == 6 and saved["margin"] == 2.0
+    assert saved["assessments"]["fp8"]["verdict"] == "shown"
+    # The plot beside the report (matplotlib is in the test extras).
+    assert f"== plot in {tmp_path / 'results' / 'compare.png'}" in out
+    png = (tmp_path / "results" / "compare.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     assert [row["pool"] for row in saved["pools"]] == ["stock", "fp8"]
     assert saved["pools"][1]["agreement"]["prompts"] == 40
     for pool in ("stock", "fp8"):
@@ -285,17 +303,14 @@ def test_long_context_retrieval_decides_where_gsm8k_cannot_see(tmp_path):
     assert "| fp8 | 0.90 (0.05) | 0.60 (0.05) | 0.90 (0.05) |" in out
     assert "cannot see the index cache's precision" in out
     # Paired: the same 400 prompts per length, each pool's outcome on each;
-    # one family with RULER (2 lengths) and the teacher-forced pass (1).
+    # pass-code retrieval is the breakage guard, outside the tests' alpha.
     assert (
-        "  fp8 against stock on the same prompts:\n"
-        "    pass-code retrieval at 4,096 tokens: lost 0, gained 0 of 400, p = 1\n"
-        "    pass-code retrieval at 16,384 tokens: lost 132, gained 0 of 400, "
-        "p = 1.8e-40\n"
+        "    pass-code retrieval at 4,096 tokens (guard): lost 0, gained 0 of 400\n"
+        "    pass-code retrieval at 16,384 tokens (guard): lost 132, gained 0 of 400\n"
     ) in out
     assert (
-        "fp8 not eligible: long context worse on the same prompts (paired, Holm at "
-        "0.05 over 6 tests): pass-code retrieval at 16,384 tokens (lost 132, gained 0 "
-        "of 400, p = 1.8e-40)\n"
+        "fp8 not eligible: pass-code retrieval broken (a net loss over 10 points): "
+        "16,384 tokens (lost 132, gained 0 of 400)\n"
     ) in out
     assert decision(out).startswith("decision: run KV_PRECISION=stock")
     saved = report(tmp_path)["pools"]
@@ -331,11 +346,16 @@ def test_ruler_and_the_teacher_forced_pass_each_rule_a_pool_out(tmp_path):
     # 200 prompts per task, three tasks, paired task by task and prompt by
     # prompt: 16 lost in each task at 16,384, none at 4,096.
     assert "    RULER at 4,096 tokens: lost 0, gained 0 of 600, p = 1\n" in out
+    # Every harm test that can flag at its size, in one Holm family: RULER per
+    # length, per task at the longest, the teacher-forced pass (8 documents).
     assert (
-        "fp8 not eligible: long context worse on the same prompts (paired, Holm at "
-        "0.05 over 6 tests): RULER at 16,384 tokens (lost 48, gained 0 of 600, "
-        "p = 3.6e-15); teacher-forced log-probs at 19,999 tokens (+0.050 nats a "
-        "recall token [+0.050, +0.050] over 8 documents, noise 0.000, KL >= "
+        "fp8 not eligible: long context worse on the same prompts (Holm at 0.05 over "
+        "6 harm tests): RULER at 16,384 tokens (lost 48, gained 0 of 600, "
+        "p = 3.6e-15); RULER niah_multikey_2 at 16,384 tokens (lost 16, gained 0 of "
+        "200, p = 1.5e-05); RULER niah_multikey_3 at 16,384 tokens (lost 16, gained 0 "
+        "of 200, p = 1.5e-05); RULER ruler_vt at 16,384 tokens (lost 16, gained 0 of "
+        "200, p = 1.5e-05); teacher-forced log-probs at 19,999 tokens (+0.050 nats a "
+        "recall token [+0.050, +0.050] over 8 documents, rerun noise 0.000, KL >= "
     ) in out
     assert "pass-code retrieval at 16,384 tokens (" not in out.split("not eligible")[1]
     # Progress after each eval step, with the time left at the measured rate
@@ -385,8 +405,9 @@ def test_dry_run_shows_every_long_context_eval_then_gsm8k_for_each_pool(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     needles, ruler, logprobs = docs
     runs = sections(proc.stdout)
-    assert list(runs) == ["stock", "fp8"]
-    for pool, text in runs.items():
+    rerun = [] if run_eval == "quick" else ["stock-rerun"]
+    assert list(runs) == ["stock", "fp8", *rerun]
+    for pool, text in list(runs.items())[:2]:
         evals = text.split("== eval: long context", 1)[1].split("== preflight")[0]
         lines = [line for line in evals.splitlines() if line.startswith("  ")]
         build, lm_eval = _command(lines[1]), _command(lines[2])
@@ -415,14 +436,72 @@ def test_dry_run_shows_every_long_context_eval_then_gsm8k_for_each_pool(
         assert _command(lines[8])["--tasks"] == "gsm8k"
         # What the pool will send, step by step, from the lengths that fit.
         plan = text.split("== planned prompt tokens", 1)[1].split("== preflight")[0]
-        steps = dict(
-            line.strip().split(": ", 1) for line in plan.splitlines()[1:] if line
-        )
+        *lines, budget = [line for line in plan.splitlines()[1:] if line]
+        steps = dict(line.strip().split(": ", 1) for line in lines)
         tokens = {name: int(value.replace(",", "")) for name, value in steps.items()}
         assert tokens["bench"] == int(conc) * 10 * int(isl)
         assert tokens["RULER"] == int(ruler) * 3 * 4096
         assert tokens["log-probs"] == int(logprobs) * 2 * int(longest)
         assert tokens["total"] == sum(tokens.values()) - tokens["total"]
+        # The evals' hours and GPU-hours at the assumed prefill rate, rounded up.
+        evals = tokens["total"] - tokens["bench"]
+        tenths = -(-evals * 10 // (20_000 * 3600))
+        assert budget == (
+            "  evals at EVAL_PREFILL_RATE=20,000 prompt tokens/s (assumed; the run "
+            f"prints its measured rate): about {tenths // 10}.{tenths % 10} h, "
+            f"{-(-tenths * 8 // 10)} GPU-hours at TP=8"
+        )
+    # The reference again after the others, RULER at the long length only
+    # (here the one that fits), on its first NOISE_EVAL_DOCS prompts a task;
+    # RUN_EVAL=quick decides nothing, so it reruns nothing.
+    rerun = proc.stdout.split("== compare: noise rerun: KV_PRECISION=stock again")
+    report_line = next(
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith("== compare report")
+    )
+    if run_eval == "quick":
+        assert len(rerun) == 1
+        assert report_line.endswith(" --margin 2 --quick stock fp8")
+    else:
+        rulers = [
+            _command(line)
+            for line in rerun[1].split("== noise rerun:", 1)[1].splitlines()
+            if " --tasks " in line
+        ]
+        assert [json.loads(r["--metadata"])["max_seq_lengths"] for r in rulers] == [
+            [4096]
+        ]
+        assert rulers[0]["--limit"] == "100"
+        assert rulers[0]["--output_path"].endswith(
+            "results/stock-rerun/eval_ruler/4096"
+        )
+        assert "  RULER (the rerun): 1,228,800\n" in rerun[1]
+        assert " bench serve " not in rerun[1].split("== compare report")[0]
+        assert report_line.endswith(" --margin 2 stock fp8")
+
+
+def test_a_quick_run_decides_nothing(tmp_path):
+    """RUN_EVAL=quick's sizes cannot show a drop under the margin: the faster
+    fp8 pool is named on throughput alone and the reference stays."""
+    pools = {
+        "stock": {"output_throughput": 1000.0},
+        "fp8": {"output_throughput": 1100.0},
+    }
+    proc = compare(tmp_path, pools, RUN_EVAL="quick", **NO_PREFLIGHT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert (
+        "  fp8 not eligible: RUN_EVAL=quick decides nothing: its evals time the steps "
+        "and catch breakage, too few prompts to show a drop under the margin\n"
+    ) in out
+    assert decision(out) == (
+        "decision: run KV_PRECISION=stock: the reference, the only eligible pool; on "
+        "throughput alone KV_PRECISION=fp8 is +10.0% output tok/s, its accuracy not "
+        "shown (a choice on throughput, not this rule's)"
+    )
+    assert "noise rerun" not in out
+    assert len(server_pids(tmp_path)) == 2
 
 
 def test_a_context_too_short_to_reach_the_index_cache_is_refused_first(tmp_path):
