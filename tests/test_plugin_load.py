@@ -78,14 +78,47 @@ def test_indexer_patch_applies_when_the_model_module_is_imported():
         from vllm.models.minimax_m3.common import indexer
         cache = indexer.MiniMaxM3IndexerCache
         vllm_minimax_m3_kv.register()
+        import sys
         print(json.dumps({
             "spec": hasattr(cache.get_kv_cache_spec, "__wrapped__"),
             "bind": hasattr(cache.bind_kv_cache, "__wrapped__"),
             "single": not hasattr(cache.get_kv_cache_spec.__wrapped__, "__wrapped__"),
+            "selection": hasattr(indexer.select_indexer_impl_cls, "__wrapped__"),
+            # Off ROCm the self-test is never asked for, so never imported.
+            "selftest": sorted(m for m in sys.modules
+                               if m.startswith("vllm_minimax_m3_kv.selftest")),
         }))
         """
     )
-    assert result == {"spec": True, "bind": True, "single": True}
+    assert result == {
+        "spec": True,
+        "bind": True,
+        "single": True,
+        "selection": True,
+        "selftest": [],
+    }
+
+
+def test_the_import_hook_leaves_the_import_path_once_nothing_is_awaited():
+    result = run_python(
+        """
+        import json, pathlib, sys, tempfile
+        from vllm_minimax_m3_kv import _import_hooks
+        here = tempfile.mkdtemp()
+        pathlib.Path(here, "awaited_probe.py").write_text("")
+        sys.path.insert(0, here)
+        seen = []
+        _import_hooks.when_imported("awaited_probe", lambda m: seen.append(m.__name__))
+        waiting = _import_hooks._finder in sys.meta_path
+        import awaited_probe
+        print(json.dumps({
+            "seen": seen,
+            "waiting": waiting,
+            "after": _import_hooks._finder in sys.meta_path,
+        }))
+        """
+    )
+    assert result == {"seen": ["awaited_probe"], "waiting": True, "after": False}
 
 
 def test_unsupported_vllm_logs_one_warning_and_changes_nothing():
@@ -334,3 +367,110 @@ def test_the_active_line_reaches_the_api_servers_log():
     assert log.count("vllm-minimax-m3-kv active: minimax_m3_config_hook") == 1, log[
         -3000:
     ]
+
+
+_SITES_FROM_COPIES = """
+import json, logging, pathlib, sys
+sys.path.insert(0, {repo!r})
+from vllm_minimax_m3_kv import _versions, patch_sites
+
+# The installed vLLM with some modules' source edited: detection reads the
+# copies, the modules vLLM imports stay the real ones.
+edits = {edits!r}
+copies = {{}}
+for module, (old, new) in edits.items():
+    text = _versions.vllm_source_file(module).read_text()
+    assert old in text, (module, old)
+    path = pathlib.Path({tmp!r}, module + ".py")
+    path.write_text(text.replace(old, new))
+    copies[module] = path
+real = _versions.vllm_source_file
+patch_sites.vllm_source_file = lambda module: copies.get(module) or real(module)
+
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record)
+logging.getLogger("vllm.vllm_minimax_m3_kv").addHandler(Keep())
+import vllm_minimax_m3_kv
+vllm_minimax_m3_kv.register()
+built = None
+if {build!r}:
+    # vLLM's own build and planner on a simulated B300, as check's stock
+    # child runs them, with whatever entries applied.
+    from vllm_minimax_m3_kv.entrypoints.check.stock_child import _build
+    built = _build({build!r}, "b300")
+import vllm.model_executor.models.config as c
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.core import kv_cache_planning
+print(json.dumps({{
+    "applied": list(vllm_minimax_m3_kv._applied),
+    "warnings": [r.getMessage() for r in records if r.levelno == logging.WARNING],
+    "config_hooked": any(hasattr(h, "stock_hook") for h in c.MODELS_CONFIG_MAP.values()),
+    "zeroing_wrapped": hasattr(KVCacheConfig.needs_kv_cache_zeroing.fget, "__wrapped__"),
+    "planner_wrapped": hasattr(kv_cache_planning.get_kv_cache_configs, "__wrapped__"),
+    "built": built,
+}}))
+"""
+
+
+def test_a_reworded_vllm_message_changes_nothing(tmp_path):
+    """Detection reads code, not wording: the two vLLM messages the ROCm entry
+    answers, reworded by a patch release, leave every entry on."""
+    edits = {
+        "vllm.models.minimax_m3.common.indexer": (
+            "requires CUDA fp8 support.", "needs a CUDA GPU with fp8."
+        ),
+        "vllm.models.minimax_m3.amd.mtp": ("has nowhere to go", "cannot be placed"),
+    }  # fmt: skip
+    code = _SITES_FROM_COPIES.format(
+        repo=str(REPO), edits=edits, tmp=str(tmp_path), build=None
+    )
+    result = json_from_stdout(["-c", code], None, timeout=300)
+    from vllm_minimax_m3_kv import patches
+
+    assert result["applied"] == [p.name for p in patches.PATCHES]
+    assert result["warnings"] == []
+
+
+def test_a_missing_site_leaves_out_its_entry_and_what_needs_it_not_the_zeroing():
+    """vLLM's config-hook table renamed: the config hook stays out, with the
+    ROCm entries that need it, named in one warning; the index-cache storage,
+    the engine-wide zeroing decision and the env table still apply, so a
+    mixed pool stock vLLM builds is still zeroed (docs/design.md)."""
+    import tempfile
+
+    edits = {
+        "vllm.model_executor.models.config": ("MODELS_CONFIG_MAP", "MODEL_HOOKS"),
+    }
+    # The B300 recipe's pool without an explicit indexer dtype: stock vLLM
+    # 0.33 keeps the index cache bf16 beside the fp8 KV cache.
+    argv = ["--kv-cache-dtype", "fp8", "--tensor-parallel-size", "8",
+            "--max-model-len", "8192"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        code = _SITES_FROM_COPIES.format(
+            repo=str(REPO), edits=edits, tmp=tmp, build=argv
+        )
+        result = json_from_stdout(["-c", code], None, timeout=600)
+    assert result["applied"] == [
+        "minimax_m3_indexer_cache_storage",
+        "minimax_m3_kv_zeroing_decision",
+        "minimax_m3_kv_allow_mixed_env",
+    ]
+    assert result["zeroing_wrapped"] and result["planner_wrapped"]
+    assert not result["config_hooked"]
+    # Mixed, as stock builds it, and zeroed: every worker and the scheduler
+    # (stock 0.33's scheduler would not ask: tests/reliability/zeroing.py).
+    built = result["built"]
+    assert built["indexer_kv_dtype"] == "bf16" and len(built["kinds"]) == 2, built
+    assert all(built["workers_zero"]) and built["scheduler_zeroes"], built
+    (warning,) = result["warnings"]
+    assert warning.startswith(
+        "vllm-minimax-m3-kv: minimax_m3_config_hook not recognised: "
+        "vllm.model_executor.models.config lacks MODELS_CONFIG_MAP; "
+        "minimax_m3_rocm_fp8_triton_indexer requires minimax_m3_config_hook; "
+        "minimax_m3_rocm_fnuz_index_writer requires "
+        "minimax_m3_rocm_fp8_triton_indexer; minimax_m3_rocm_fp8_balanced_decode "
+        "requires minimax_m3_rocm_fp8_triton_indexer. Those entries stay out and "
+        "vLLM runs them unchanged; the rest apply."
+    )

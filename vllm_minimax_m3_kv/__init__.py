@@ -16,7 +16,8 @@ _applied: tuple[str, ...] = ()
 
 
 def register() -> None:
-    """Apply every patch in the registry, or none if vLLM is unfamiliar."""
+    """Apply every registry entry this vLLM's sites allow (none outside the
+    supported range), once per process."""
     global _registered, _applied
     if _registered is not None:
         return
@@ -35,20 +36,26 @@ def register() -> None:
             SUPPORTED_VLLM_INSTALL,
         )
         return
-    applied, left_to_vllm = [], []
-    for patch in patches.PATCHES:
-        if (native := patch.superseded()) is not None:
-            left_to_vllm.append(f"{patch.name} ({native})")
-            continue
+    decided = patches.activation()
+    for patch in decided.apply:
         patch.apply()
-        applied.append(patch.name)
-    _applied = tuple(applied)
+    _applied = tuple(patch.name for patch in decided.apply)
     _registered = True
-    lines = [f"vllm-minimax-m3-kv active: {', '.join(applied)}"]
-    if left_to_vllm:
+    if decided.left_out:
+        # A partly recognised vLLM (a patch release that moved one site): say
+        # which site, and what stays out with it; the rest still applies.
+        logger.warning(
+            "vllm-minimax-m3-kv: %s. Those entries stay out and vLLM runs them "
+            "unchanged; the rest apply. %s",
+            "; ".join(f"{name} {why}" for name, why in decided.left_out),
+            SUPPORTED_VLLM_INSTALL,
+        )
+    lines = [f"vllm-minimax-m3-kv active: {', '.join(_applied) or 'nothing'}"]
+    if decided.native:
         lines.append(
-            f"vllm-minimax-m3-kv: this vLLM already does {'; '.join(left_to_vllm)}; "
-            "those entries stay out, and VLLM_MINIMAX_M3_KV_ALLOW_MIXED cannot "
+            "vllm-minimax-m3-kv: this vLLM already does "
+            + "; ".join(f"{name} ({found})" for name, found in decided.native)
+            + "; those entries stay out, and VLLM_MINIMAX_M3_KV_ALLOW_MIXED cannot "
             "reopen what vLLM refuses."
         )
     # INFO, so an operator can grep a server log for it (once per process);

@@ -29,6 +29,9 @@ class _CallbackLoader(importlib.abc.Loader):
         self._loader.exec_module(module)
         for callback in self._callbacks:
             callback(module)
+        # The last awaited module has come: the finder leaves the import path
+        # (here, not in find_spec, where the import system is iterating it).
+        _finder.leave_when_done()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -42,6 +45,13 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
     def add(self, module_name: str, callback: Callback) -> None:
         with self._lock:
             self._pending.setdefault(module_name, []).append(callback)
+            if self not in sys.meta_path:
+                sys.meta_path.insert(0, self)
+
+    def leave_when_done(self) -> None:
+        with self._lock:
+            if not self._pending and self in sys.meta_path:
+                sys.meta_path.remove(self)
 
     def find_spec(
         self,
@@ -72,6 +82,4 @@ def when_imported(module_name: str, callback: Callback) -> None:
     if module is not None:
         callback(module)
         return
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
     _finder.add(module_name, callback)

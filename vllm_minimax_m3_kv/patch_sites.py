@@ -1,7 +1,9 @@
 """Where each :mod:`~vllm_minimax_m3_kv.patches` entry touches vLLM: how it
 recognises the installed vLLM (``detect_*``: from vLLM's source, without
-importing model or kernel code) and how it changes it (``apply_*``: hooks
-that run when vLLM imports the module, never at plugin load).
+importing model or kernel code, by the code the entry calls or replaces:
+definitions, parameters, attributes, never a message's wording) and how it
+changes it (``apply_*``: hooks that run when vLLM imports the module, never at
+plugin load).
 """
 
 from __future__ import annotations
@@ -123,10 +125,13 @@ def apply_indexer_cache() -> None:
 
 def detect_rocm_fp8_triton_indexer() -> str | None:
     return (
+        # The selection the entry wraps (called by keyword) and the impl it
+        # returns.
         _source_lacks(
             INDEXER_MODULE,
             "def select_indexer_impl_cls(",
-            "requires CUDA fp8 support.",
+            "topk_blocks: int,",
+            "indexer_kv_dtype: IndexerKVDType | str",
             "class MiniMaxM3IndexerTritonImpl",
         )
         # The ROCm model allocates the index query in the index cache's dtype
@@ -136,11 +141,13 @@ def detect_rocm_fp8_triton_indexer() -> str | None:
         or _source_lacks(
             SPARSE_ATTENTION_MODULE, "def _minimax_m3_aiter_sparse_pa_requested("
         )
+        # The drafter's inline bf16-only check the entry answers: the call it
+        # makes where no MSA indexer is selected.
         or _source_lacks(
             AMD_MTP_MODULE,
             "class MiniMaxM3MultiTokenPredictor(",
-            'indexer_kv_dtype != "bf16"',
-            "has nowhere to go",
+            "if indexer_ctx.msa_indexer_impl_cls is None:",
+            'vllm_config.attention_config.resolve_indexer_kv_dtype(\n                "bf16"',
         )
     )
 
@@ -149,13 +156,20 @@ def _patch_indexer_selection(module: ModuleType) -> None:
     from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fp8_triton_indexer import (
         wrap_select_indexer_impl_cls,
     )
-    from vllm_minimax_m3_kv.selftest_gate import check_node_once
 
     current = module.select_indexer_impl_cls
     if not hasattr(current, "__wrapped__"):
         module.select_indexer_impl_cls = wrap_select_indexer_impl_cls(
-            current, module.MiniMaxM3IndexerTritonImpl, check_node_once
+            current, module.MiniMaxM3IndexerTritonImpl, _check_node_once
         )
+
+
+def _check_node_once() -> None:
+    # Imported only where the ROCm fp8 path is selected: a CUDA worker never
+    # loads the self-test.
+    from vllm_minimax_m3_kv.selftest_gate import check_node_once
+
+    check_node_once()
 
 
 def _patch_mtp_guard(module: ModuleType) -> None:

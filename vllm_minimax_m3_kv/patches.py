@@ -3,9 +3,13 @@
 Each entry says why, how, which upstream PR it mirrors or awaits, and when to
 delete it; how each finds and changes its site in vLLM is in
 :mod:`~vllm_minimax_m3_kv.patch_sites`. ``detect`` runs at plugin load without
-importing model or kernel code; only when every entry recognises the installed
-vLLM is anything applied, so an unfamiliar vLLM gets one warning and stock
-behaviour, never half a patch.
+importing model or kernel code and recognises a site by its code (the names,
+parameters and attributes the plugin calls or replaces), never by a message's
+wording. A vLLM outside the supported range gets one warning and stock
+behaviour. Within it, an entry whose site is not recognised stays out, with
+every entry that ``requires`` it, and one warning names the site; the rest
+apply, so the engine-wide zeroing decision keeps a mixed pool zeroed wherever
+its own site is intact (docs/design.md, "When a site is missing").
 An entry whose ``superseded`` finds the fix already in vLLM (``upstream/``
 applied) is left out instead, and logged once, so the plugin retires entry by
 entry. ``tests/test_plugin_load.py`` covers each entry, the end-to-end tests
@@ -57,6 +61,9 @@ class Patch:
     """What in the installed vLLM already does this, or None. A superseded
     entry is neither detected nor applied: the plugin retires entry by entry
     as vLLM takes the fix (``upstream/``)."""
+    requires: tuple[str, ...] = ()
+    """Entries this one is unsafe without: it stays out when one of them does
+    (a superseded entry counts as present: vLLM does it)."""
 
 
 PATCHES: tuple[Patch, ...] = (
@@ -100,6 +107,11 @@ PATCHES: tuple[Patch, ...] = (
         ),
         detect=detect_config_hook,
         apply=apply_config_hook,
+        requires=(
+            "minimax_m3_indexer_cache_storage",
+            "minimax_m3_kv_zeroing_decision",
+            "minimax_m3_kv_allow_mixed_env",
+        ),
     ),
     Patch(
         name="minimax_m3_indexer_cache_storage",
@@ -171,6 +183,7 @@ PATCHES: tuple[Patch, ...] = (
         ),
         detect=detect_rocm_fp8_triton_indexer,
         apply=apply_rocm_fp8_triton_indexer,
+        requires=("minimax_m3_config_hook",),
     ),
     Patch(
         name="minimax_m3_rocm_fnuz_index_writer",
@@ -204,6 +217,7 @@ PATCHES: tuple[Patch, ...] = (
         ),
         detect=detect_fnuz_index_writer,
         apply=apply_fnuz_index_writer,
+        requires=("minimax_m3_rocm_fp8_triton_indexer",),
     ),
     Patch(
         name="minimax_m3_rocm_fp8_balanced_decode",
@@ -233,6 +247,7 @@ PATCHES: tuple[Patch, ...] = (
         ),
         detect=detect_fp8_balanced_decode,
         apply=apply_fp8_balanced_decode,
+        requires=("minimax_m3_rocm_fp8_triton_indexer",),
     ),
     Patch(
         name="minimax_m3_kv_zeroing_decision",
@@ -292,13 +307,51 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Activation:
+    """What register() does in this vLLM: entries to apply, entries vLLM
+    already does (with what does it), and entries left out (with why)."""
+
+    apply: tuple[Patch, ...]
+    native: tuple[tuple[str, str], ...]
+    left_out: tuple[tuple[str, str], ...]
+    """Each entry left out and why: its site not recognised, or an entry it
+    requires left out."""
+
+
+def activation() -> Activation:
+    """Which entries apply here: every entry vLLM does not already do whose
+    site is recognised and whose requirements apply (each detected once)."""
+    native, candidates = [], []
+    for patch in PATCHES:
+        if (found := patch.superseded()) is not None:
+            native.append((patch.name, found))
+        else:
+            candidates.append(patch)
+    left_out = {
+        patch.name: f"not recognised: {why}"
+        for patch in candidates
+        if (why := patch.detect()) is not None
+    }
+    changed = True
+    while changed:
+        changed = False
+        for patch in candidates:
+            missing = [name for name in patch.requires if name in left_out]
+            if patch.name not in left_out and missing:
+                left_out[patch.name] = f"requires {', '.join(missing)}"
+                changed = True
+    return Activation(
+        apply=tuple(p for p in candidates if p.name not in left_out),
+        native=tuple(native),
+        left_out=tuple(
+            (p.name, left_out[p.name]) for p in candidates if p.name in left_out
+        ),
+    )
+
+
 def unsupported_reasons() -> list[str]:
-    """Why the patches cannot be applied here; empty when they all can."""
+    """Why the plugin cannot load in this vLLM at all (its version); empty
+    when it can. Entries left out one by one are :func:`activation`'s."""
     problem = vllm_version_problem()
-    if problem is not None:
-        return [problem]
-    return [
-        f"{p.name}: {why}"
-        for p in PATCHES
-        if p.superseded() is None and (why := p.detect()) is not None
-    ]
+    return [] if problem is None else [problem]

@@ -143,6 +143,9 @@ NOT_A_CHECK_REFUSAL = {
     ),
     "cannot read the model config for": "a usage error",
     "vllm-minimax-m3-kv is inactive, vLLM runs unchanged:": "a warning at startup",
+    "Those entries stay out and vLLM runs them unchanged; the rest apply.": (
+        "a warning at startup (docs/design.md, when a site is missing)"
+    ),
     "vllm-minimax-m3-kv needs vLLM ...": "a usage error",
     "Unknown vLLM environment variable detected: VLLM_MINIMAX_M3_KV_ALLOW_MIXED": (
         "vLLM's warning"

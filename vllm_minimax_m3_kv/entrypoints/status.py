@@ -144,16 +144,17 @@ def report() -> tuple[list[tuple[str, str]], bool]:
     from vllm_minimax_m3_kv import patches
 
     reasons = patches.unsupported_reasons()
-    applied = [p.name for p in patches.PATCHES if p.superseded() is None]
-    rows.append(
-        (
-            "register()",
-            f"would be inactive: {'; '.join(reasons)}"
-            if reasons
-            else f"would activate {', '.join(applied)}",
-        )
-    )
-    return rows, ok and not reasons
+    decided = None if reasons else patches.activation()
+    if decided is None:
+        answer = f"would be inactive: {'; '.join(reasons)}"
+    else:
+        answer = f"would activate {', '.join(p.name for p in decided.apply)}"
+        if decided.left_out:
+            answer += "; would leave out " + "; ".join(
+                f"{name} ({why})" for name, why in decided.left_out
+            )
+    rows.append(("register()", answer))
+    return rows, ok and decided is not None and not decided.left_out
 
 
 def main(argv: list[str] | None = None) -> int:
