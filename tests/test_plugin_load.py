@@ -474,3 +474,80 @@ def test_a_missing_site_leaves_out_its_entry_and_what_needs_it_not_the_zeroing()
         "requires minimax_m3_rocm_fp8_triton_indexer. Those entries stay out and "
         "vLLM runs them unchanged; the rest apply."
     )
+
+
+_CONCURRENT_DRAFTER_BUILDS = """
+import json, sys, threading
+sys.path.insert(0, {repo!r})
+from vllm_minimax_m3_kv.entrypoints.check.target_platform import simulate
+
+simulate("mi355x", "msa")
+from vllm.config import AttentionConfig, VllmConfig, set_current_vllm_config
+
+from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fp8_triton_indexer import (
+    wrap_mtp_init,
+    wrap_resolve_indexer_kv_dtype,
+)
+
+# As the entry installs them when vLLM imports its ROCm MTP module.
+AttentionConfig.resolve_indexer_kv_dtype = wrap_resolve_indexer_kv_dtype(
+    AttentionConfig.resolve_indexer_kv_dtype
+)
+installed = AttentionConfig.resolve_indexer_kv_dtype
+barrier = threading.Barrier(3, timeout=60)
+seen = {{}}
+
+
+def layer(vllm_config):
+    return vllm_config.attention_config.resolve_indexer_kv_dtype("bf16")
+
+
+def drafter_init(self, *, vllm_config, prefix=""):
+    # vLLM's shape: the inline bf16-only check, then layers that ask too.
+    check = vllm_config.attention_config.resolve_indexer_kv_dtype("bf16")
+    barrier.wait()  # both builds inside, and an unrelated thread asking
+    barrier.wait()
+    seen[prefix] = [check, layer(vllm_config)]
+
+
+init = wrap_mtp_init(drafter_init)
+config = VllmConfig(attention_config=AttentionConfig(indexer_kv_dtype="fp8"))
+
+
+def build(prefix):
+    with set_current_vllm_config(config):
+        init(object(), vllm_config=config, prefix=prefix)
+
+
+def other():
+    barrier.wait()
+    seen["other thread"] = config.attention_config.resolve_indexer_kv_dtype("bf16")
+    barrier.wait()
+
+
+threads = [threading.Thread(target=build, args=(p,)) for p in ("a", "b")]
+threads.append(threading.Thread(target=other))
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps({{
+    "seen": seen,
+    "class_unchanged": AttentionConfig.resolve_indexer_kv_dtype is installed,
+}}))
+"""
+
+
+def test_concurrent_drafter_builds_each_hear_bf16_and_nothing_else_does(tmp_path):
+    """The ROCm MTP drafter's inline bf16-only check hears "bf16" on the fp8
+    Triton path, its layers and every other thread hear fp8, and nothing on
+    vLLM's config class is swapped while builds overlap (simulated MI355X)."""
+    script = tmp_path / "concurrent_drafters.py"
+    script.write_text(_CONCURRENT_DRAFTER_BUILDS.format(repo=str(REPO)))
+    proc = fork_python([str(script)], None, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {
+        "seen": {"a": ["bf16", "fp8"], "b": ["bf16", "fp8"], "other thread": "fp8"},
+        "class_unchanged": True,
+    }

@@ -142,7 +142,8 @@ def detect_rocm_fp8_triton_indexer() -> str | None:
             SPARSE_ATTENTION_MODULE, "def _minimax_m3_aiter_sparse_pa_requested("
         )
         # The drafter's inline bf16-only check the entry answers: the call it
-        # makes where no MSA indexer is selected.
+        # makes where no MSA indexer is selected, to the method it wraps.
+        or _source_lacks("vllm.config.attention", "def resolve_indexer_kv_dtype(")
         or _source_lacks(
             AMD_MTP_MODULE,
             "class MiniMaxM3MultiTokenPredictor(",
@@ -173,13 +174,21 @@ def _check_node_once() -> None:
 
 
 def _patch_mtp_guard(module: ModuleType) -> None:
+    from vllm.config.attention import AttentionConfig
+
     from vllm_minimax_m3_kv.model_executor.models.minimax_m3_rocm_fp8_triton_indexer import (
         wrap_mtp_init,
+        wrap_resolve_indexer_kv_dtype,
     )
 
     predictor = module.MiniMaxM3MultiTokenPredictor
     if not hasattr(predictor.__init__, "__wrapped__"):
         predictor.__init__ = wrap_mtp_init(predictor.__init__)
+    resolve = AttentionConfig.resolve_indexer_kv_dtype
+    if not hasattr(resolve, "__wrapped__"):
+        AttentionConfig.resolve_indexer_kv_dtype = wrap_resolve_indexer_kv_dtype(
+            resolve
+        )
 
 
 def apply_rocm_fp8_triton_indexer() -> None:

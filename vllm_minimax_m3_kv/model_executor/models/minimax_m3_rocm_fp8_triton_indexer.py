@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
+from types import CodeType
 from typing import Any
 
 from vllm_minimax_m3_kv.config.pool_facts import FP8_E4M3_DTYPES
@@ -96,36 +98,51 @@ def wrap_select_indexer_impl_cls(
     return select_indexer_impl_cls
 
 
+_MTP_GUARD: ContextVar[CodeType | None] = ContextVar(
+    "minimax_m3_mtp_guard", default=None
+)
+"""The code of the drafter ``__init__`` running on the fp8 Triton path in this
+context (thread or task), whose own bf16-only check hears "bf16"."""
+
+
+def wrap_resolve_indexer_kv_dtype(original: Callable[..., str]) -> Callable[..., str]:
+    """``AttentionConfig.resolve_indexer_kv_dtype``, installed once: answers
+    "bf16" to a call made directly from the drafter ``__init__`` that
+    :func:`wrap_mtp_init` marks in this context, and vLLM's own answer to
+    every other call (other threads, the layers it builds, everyone else)."""
+
+    def resolve_indexer_kv_dtype(config: Any, default: str) -> str:
+        resolved = original(config, default)
+        guarded = _MTP_GUARD.get()
+        if guarded is not None and sys._getframe(1).f_code is guarded:
+            return "bf16"  # the drafter's guard; its layers ask elsewhere
+        return resolved
+
+    resolve_indexer_kv_dtype.__wrapped__ = original  # type: ignore[attr-defined]
+    resolve_indexer_kv_dtype.__doc__ = original.__doc__
+    return resolve_indexer_kv_dtype
+
+
 def wrap_mtp_init(original: Callable[..., None]) -> Callable[..., None]:
     """``MiniMaxM3MultiTokenPredictor.__init__`` whose own bf16-only check
     (made where the MSA indexer is not selected) hears "bf16" when the fp8
     Triton path applies; every layer it builds still reads the fp8 dtype.
 
-    The check is inline in vLLM's ``__init__``, so only a call made directly
-    from that function's frame is answered differently, and only while it
-    runs."""
+    The check is inline in vLLM's ``__init__``: only a call made directly from
+    that function's frame, in this context, is answered differently
+    (:func:`wrap_resolve_indexer_kv_dtype`); nothing on the class is swapped
+    while it runs, so concurrent builds cannot interleave."""
 
     def __init__(self: Any, *, vllm_config: Any, prefix: str = "") -> None:
-        attention_config = vllm_config.attention_config
-        requested = attention_config.resolve_indexer_kv_dtype("bf16")
+        requested = vllm_config.attention_config.resolve_indexer_kv_dtype("bf16")
         if not rocm_fp8_triton_indexer_applies(requested):
             original(self, vllm_config=vllm_config, prefix=prefix)
             return
-        config_cls = type(attention_config)
-        resolve = config_cls.resolve_indexer_kv_dtype
-        init_code = original.__code__
-
-        def resolve_indexer_kv_dtype(config: Any, default: str) -> str:
-            resolved = resolve(config, default)
-            if sys._getframe(1).f_code is init_code:
-                return "bf16"  # the drafter's guard; its layers ask elsewhere
-            return resolved
-
-        config_cls.resolve_indexer_kv_dtype = resolve_indexer_kv_dtype
+        token = _MTP_GUARD.set(original.__code__)
         try:
             original(self, vllm_config=vllm_config, prefix=prefix)
         finally:
-            config_cls.resolve_indexer_kv_dtype = resolve
+            _MTP_GUARD.reset(token)
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
