@@ -141,7 +141,8 @@ PR_CODE_BUDGET = {"01-": 55, "03-": 25, "04-": 20}
 the hook (47); PR 3 became a per-layer helper asked at three sites (21).
 Round 5 (issue #52): PR 1's CUDA branch asks model build's own MSA condition
 through a helper both share (53); PR 4's MTP check defers fp8 to the
-selection the draft layers make (13)."""
+selection the draft layers make (13). Round 6 (issue #66): PR 4's drafter
+message made true (16)."""
 
 
 @pytest.mark.parametrize("patch", overlay.PATCHES, ids=lambda p: p.name[:2])
